@@ -1,0 +1,458 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    FINISH_REASON_UNSPECIFIED: _ClassVar[FinishReason]
+    FINISH_REASON_STOP: _ClassVar[FinishReason]
+    FINISH_REASON_LENGTH: _ClassVar[FinishReason]
+    FINISH_REASON_STOP_STRING: _ClassVar[FinishReason]
+    FINISH_REASON_CANCELLED: _ClassVar[FinishReason]
+    FINISH_REASON_CONTEXT_FULL: _ClassVar[FinishReason]
+
+class PixelFormat(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PIXEL_FORMAT_UNSPECIFIED: _ClassVar[PixelFormat]
+    PIXEL_FORMAT_RGBA8: _ClassVar[PixelFormat]
+    PIXEL_FORMAT_BGRA8: _ClassVar[PixelFormat]
+    PIXEL_FORMAT_RGB8: _ClassVar[PixelFormat]
+
+class EnginePhase(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ENGINE_PHASE_UNSPECIFIED: _ClassVar[EnginePhase]
+    ENGINE_PHASE_LOADING: _ClassVar[EnginePhase]
+    ENGINE_PHASE_READY: _ClassVar[EnginePhase]
+    ENGINE_PHASE_RELOADING: _ClassVar[EnginePhase]
+    ENGINE_PHASE_DRAINING: _ClassVar[EnginePhase]
+
+class Placement(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PLACEMENT_UNSPECIFIED: _ClassVar[Placement]
+    PLACEMENT_FULL_GPU: _ClassVar[Placement]
+    PLACEMENT_STATIC: _ClassVar[Placement]
+    PLACEMENT_DYNAMIC: _ClassVar[Placement]
+    PLACEMENT_GPU_STREAMING: _ClassVar[Placement]
+    PLACEMENT_CPU_ONLY: _ClassVar[Placement]
+
+class TierPhase(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TIER_PHASE_UNSPECIFIED: _ClassVar[TierPhase]
+    TIER_PHASE_DECODE: _ClassVar[TierPhase]
+    TIER_PHASE_PREFILL: _ClassVar[TierPhase]
+FINISH_REASON_UNSPECIFIED: FinishReason
+FINISH_REASON_STOP: FinishReason
+FINISH_REASON_LENGTH: FinishReason
+FINISH_REASON_STOP_STRING: FinishReason
+FINISH_REASON_CANCELLED: FinishReason
+FINISH_REASON_CONTEXT_FULL: FinishReason
+PIXEL_FORMAT_UNSPECIFIED: PixelFormat
+PIXEL_FORMAT_RGBA8: PixelFormat
+PIXEL_FORMAT_BGRA8: PixelFormat
+PIXEL_FORMAT_RGB8: PixelFormat
+ENGINE_PHASE_UNSPECIFIED: EnginePhase
+ENGINE_PHASE_LOADING: EnginePhase
+ENGINE_PHASE_READY: EnginePhase
+ENGINE_PHASE_RELOADING: EnginePhase
+ENGINE_PHASE_DRAINING: EnginePhase
+PLACEMENT_UNSPECIFIED: Placement
+PLACEMENT_FULL_GPU: Placement
+PLACEMENT_STATIC: Placement
+PLACEMENT_DYNAMIC: Placement
+PLACEMENT_GPU_STREAMING: Placement
+PLACEMENT_CPU_ONLY: Placement
+TIER_PHASE_UNSPECIFIED: TierPhase
+TIER_PHASE_DECODE: TierPhase
+TIER_PHASE_PREFILL: TierPhase
+
+class ChatMessage(_message.Message):
+    __slots__ = ("role", "content")
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_FIELD_NUMBER: _ClassVar[int]
+    role: str
+    content: str
+    def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ...) -> None: ...
+
+class ChatMessages(_message.Message):
+    __slots__ = ("messages",)
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[ChatMessage]
+    def __init__(self, messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ...) -> None: ...
+
+class SamplingParams(_message.Message):
+    __slots__ = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n", "seed")
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    TOP_P_FIELD_NUMBER: _ClassVar[int]
+    MIN_P_FIELD_NUMBER: _ClassVar[int]
+    REPEAT_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    REPEAT_LAST_N_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    temperature: float
+    top_k: int
+    top_p: float
+    min_p: float
+    repeat_penalty: float
+    repeat_last_n: int
+    seed: int
+    def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., min_p: _Optional[float] = ..., repeat_penalty: _Optional[float] = ..., repeat_last_n: _Optional[int] = ..., seed: _Optional[int] = ...) -> None: ...
+
+class GenerateRequest(_message.Message):
+    __slots__ = ("messages", "prompt", "sampling", "max_tokens", "stop", "json_schema", "session_id", "reset_session", "request_id")
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    STOP_FIELD_NUMBER: _ClassVar[int]
+    JSON_SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    RESET_SESSION_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    messages: ChatMessages
+    prompt: str
+    sampling: SamplingParams
+    max_tokens: int
+    stop: _containers.RepeatedScalarFieldContainer[str]
+    json_schema: str
+    session_id: str
+    reset_session: bool
+    request_id: str
+    def __init__(self, messages: _Optional[_Union[ChatMessages, _Mapping]] = ..., prompt: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., max_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., json_schema: _Optional[str] = ..., session_id: _Optional[str] = ..., reset_session: _Optional[bool] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class Usage(_message.Message):
+    __slots__ = ("prompt_tokens", "cached_prompt_tokens", "completion_tokens")
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    prompt_tokens: int
+    cached_prompt_tokens: int
+    completion_tokens: int
+    def __init__(self, prompt_tokens: _Optional[int] = ..., cached_prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ...) -> None: ...
+
+class Timings(_message.Message):
+    __slots__ = ("time_to_first_token_ms", "prefill_tokens_per_s", "decode_tokens_per_s", "total_ms", "queued_ms")
+    TIME_TO_FIRST_TOKEN_MS_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    DECODE_TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_MS_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_MS_FIELD_NUMBER: _ClassVar[int]
+    time_to_first_token_ms: float
+    prefill_tokens_per_s: float
+    decode_tokens_per_s: float
+    total_ms: float
+    queued_ms: float
+    def __init__(self, time_to_first_token_ms: _Optional[float] = ..., prefill_tokens_per_s: _Optional[float] = ..., decode_tokens_per_s: _Optional[float] = ..., total_ms: _Optional[float] = ..., queued_ms: _Optional[float] = ...) -> None: ...
+
+class ImageInfo(_message.Message):
+    __slots__ = ("original_width", "original_height", "encoded_width", "encoded_height", "downscaled", "image_tokens", "encode_ms")
+    ORIGINAL_WIDTH_FIELD_NUMBER: _ClassVar[int]
+    ORIGINAL_HEIGHT_FIELD_NUMBER: _ClassVar[int]
+    ENCODED_WIDTH_FIELD_NUMBER: _ClassVar[int]
+    ENCODED_HEIGHT_FIELD_NUMBER: _ClassVar[int]
+    DOWNSCALED_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ENCODE_MS_FIELD_NUMBER: _ClassVar[int]
+    original_width: int
+    original_height: int
+    encoded_width: int
+    encoded_height: int
+    downscaled: bool
+    image_tokens: int
+    encode_ms: float
+    def __init__(self, original_width: _Optional[int] = ..., original_height: _Optional[int] = ..., encoded_width: _Optional[int] = ..., encoded_height: _Optional[int] = ..., downscaled: _Optional[bool] = ..., image_tokens: _Optional[int] = ..., encode_ms: _Optional[float] = ...) -> None: ...
+
+class GenerationFinal(_message.Message):
+    __slots__ = ("finish_reason", "usage", "timings", "session_id", "image")
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
+    TIMINGS_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_FIELD_NUMBER: _ClassVar[int]
+    finish_reason: FinishReason
+    usage: Usage
+    timings: Timings
+    session_id: str
+    image: ImageInfo
+    def __init__(self, finish_reason: _Optional[_Union[FinishReason, str]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., session_id: _Optional[str] = ..., image: _Optional[_Union[ImageInfo, _Mapping]] = ...) -> None: ...
+
+class GenerateChunk(_message.Message):
+    __slots__ = ("text", "token_ids", "final")
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    FINAL_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    final: GenerationFinal
+    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., final: _Optional[_Union[GenerationFinal, _Mapping]] = ...) -> None: ...
+
+class RawImage(_message.Message):
+    __slots__ = ("pixels", "width", "height", "stride", "format", "bottom_up")
+    PIXELS_FIELD_NUMBER: _ClassVar[int]
+    WIDTH_FIELD_NUMBER: _ClassVar[int]
+    HEIGHT_FIELD_NUMBER: _ClassVar[int]
+    STRIDE_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
+    BOTTOM_UP_FIELD_NUMBER: _ClassVar[int]
+    pixels: bytes
+    width: int
+    height: int
+    stride: int
+    format: PixelFormat
+    bottom_up: bool
+    def __init__(self, pixels: _Optional[bytes] = ..., width: _Optional[int] = ..., height: _Optional[int] = ..., stride: _Optional[int] = ..., format: _Optional[_Union[PixelFormat, str]] = ..., bottom_up: _Optional[bool] = ...) -> None: ...
+
+class Image(_message.Message):
+    __slots__ = ("encoded", "raw")
+    ENCODED_FIELD_NUMBER: _ClassVar[int]
+    RAW_FIELD_NUMBER: _ClassVar[int]
+    encoded: bytes
+    raw: RawImage
+    def __init__(self, encoded: _Optional[bytes] = ..., raw: _Optional[_Union[RawImage, _Mapping]] = ...) -> None: ...
+
+class AskImageRequest(_message.Message):
+    __slots__ = ("image", "question", "sampling", "max_tokens", "stop", "json_schema", "session_id", "request_id")
+    IMAGE_FIELD_NUMBER: _ClassVar[int]
+    QUESTION_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    STOP_FIELD_NUMBER: _ClassVar[int]
+    JSON_SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    image: Image
+    question: str
+    sampling: SamplingParams
+    max_tokens: int
+    stop: _containers.RepeatedScalarFieldContainer[str]
+    json_schema: str
+    session_id: str
+    request_id: str
+    def __init__(self, image: _Optional[_Union[Image, _Mapping]] = ..., question: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., max_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., json_schema: _Optional[str] = ..., session_id: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class Budget(_message.Message):
+    __slots__ = ("vram_bytes", "max_cpu_threads", "auto_vram", "auto_reserve_bytes")
+    VRAM_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_CPU_THREADS_FIELD_NUMBER: _ClassVar[int]
+    AUTO_VRAM_FIELD_NUMBER: _ClassVar[int]
+    AUTO_RESERVE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    vram_bytes: int
+    max_cpu_threads: int
+    auto_vram: bool
+    auto_reserve_bytes: int
+    def __init__(self, vram_bytes: _Optional[int] = ..., max_cpu_threads: _Optional[int] = ..., auto_vram: _Optional[bool] = ..., auto_reserve_bytes: _Optional[int] = ...) -> None: ...
+
+class SetBudgetRequest(_message.Message):
+    __slots__ = ("vram_bytes", "vram_size", "auto_reserve_bytes", "max_cpu_threads")
+    VRAM_BYTES_FIELD_NUMBER: _ClassVar[int]
+    VRAM_SIZE_FIELD_NUMBER: _ClassVar[int]
+    AUTO_RESERVE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_CPU_THREADS_FIELD_NUMBER: _ClassVar[int]
+    vram_bytes: int
+    vram_size: str
+    auto_reserve_bytes: int
+    max_cpu_threads: int
+    def __init__(self, vram_bytes: _Optional[int] = ..., vram_size: _Optional[str] = ..., auto_reserve_bytes: _Optional[int] = ..., max_cpu_threads: _Optional[int] = ...) -> None: ...
+
+class SetBudgetResponse(_message.Message):
+    __slots__ = ("budget", "schedule", "reloaded", "pause_ms")
+    BUDGET_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULE_FIELD_NUMBER: _ClassVar[int]
+    RELOADED_FIELD_NUMBER: _ClassVar[int]
+    PAUSE_MS_FIELD_NUMBER: _ClassVar[int]
+    budget: Budget
+    schedule: Schedule
+    reloaded: bool
+    pause_ms: float
+    def __init__(self, budget: _Optional[_Union[Budget, _Mapping]] = ..., schedule: _Optional[_Union[Schedule, _Mapping]] = ..., reloaded: _Optional[bool] = ..., pause_ms: _Optional[float] = ...) -> None: ...
+
+class WatchStateRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class StateEvent(_message.Message):
+    __slots__ = ("unix_ms", "phase", "budget", "schedule", "reason")
+    UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    unix_ms: int
+    phase: EnginePhase
+    budget: Budget
+    schedule: Schedule
+    reason: str
+    def __init__(self, unix_ms: _Optional[int] = ..., phase: _Optional[_Union[EnginePhase, str]] = ..., budget: _Optional[_Union[Budget, _Mapping]] = ..., schedule: _Optional[_Union[Schedule, _Mapping]] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class TierPlan(_message.Message):
+    __slots__ = ("max_tokens", "phase", "placement", "threads", "predicted_tokens_per_s", "predicted_ms_per_pass")
+    MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    PLACEMENT_FIELD_NUMBER: _ClassVar[int]
+    THREADS_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_MS_PER_PASS_FIELD_NUMBER: _ClassVar[int]
+    max_tokens: int
+    phase: TierPhase
+    placement: Placement
+    threads: int
+    predicted_tokens_per_s: float
+    predicted_ms_per_pass: float
+    def __init__(self, max_tokens: _Optional[int] = ..., phase: _Optional[_Union[TierPhase, str]] = ..., placement: _Optional[_Union[Placement, str]] = ..., threads: _Optional[int] = ..., predicted_tokens_per_s: _Optional[float] = ..., predicted_ms_per_pass: _Optional[float] = ...) -> None: ...
+
+class Schedule(_message.Message):
+    __slots__ = ("tiers", "vram_bytes_by_component", "kv_type", "flash_attention", "micro_batch", "op_offload_min_batch", "tensor_overrides")
+    class VramBytesByComponentEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    TIERS_FIELD_NUMBER: _ClassVar[int]
+    VRAM_BYTES_BY_COMPONENT_FIELD_NUMBER: _ClassVar[int]
+    KV_TYPE_FIELD_NUMBER: _ClassVar[int]
+    FLASH_ATTENTION_FIELD_NUMBER: _ClassVar[int]
+    MICRO_BATCH_FIELD_NUMBER: _ClassVar[int]
+    OP_OFFLOAD_MIN_BATCH_FIELD_NUMBER: _ClassVar[int]
+    TENSOR_OVERRIDES_FIELD_NUMBER: _ClassVar[int]
+    tiers: _containers.RepeatedCompositeFieldContainer[TierPlan]
+    vram_bytes_by_component: _containers.ScalarMap[str, int]
+    kv_type: str
+    flash_attention: bool
+    micro_batch: int
+    op_offload_min_batch: int
+    tensor_overrides: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, tiers: _Optional[_Iterable[_Union[TierPlan, _Mapping]]] = ..., vram_bytes_by_component: _Optional[_Mapping[str, int]] = ..., kv_type: _Optional[str] = ..., flash_attention: _Optional[bool] = ..., micro_batch: _Optional[int] = ..., op_offload_min_batch: _Optional[int] = ..., tensor_overrides: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class GetStatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ModelInfo(_message.Message):
+    __slots__ = ("path", "name", "architecture", "parameters", "file_bytes", "trained_context", "layers", "experts", "chat_template", "vision_available", "projector_path")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ARCHITECTURE_FIELD_NUMBER: _ClassVar[int]
+    PARAMETERS_FIELD_NUMBER: _ClassVar[int]
+    FILE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    TRAINED_CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    LAYERS_FIELD_NUMBER: _ClassVar[int]
+    EXPERTS_FIELD_NUMBER: _ClassVar[int]
+    CHAT_TEMPLATE_FIELD_NUMBER: _ClassVar[int]
+    VISION_AVAILABLE_FIELD_NUMBER: _ClassVar[int]
+    PROJECTOR_PATH_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    name: str
+    architecture: str
+    parameters: int
+    file_bytes: int
+    trained_context: int
+    layers: int
+    experts: int
+    chat_template: str
+    vision_available: bool
+    projector_path: str
+    def __init__(self, path: _Optional[str] = ..., name: _Optional[str] = ..., architecture: _Optional[str] = ..., parameters: _Optional[int] = ..., file_bytes: _Optional[int] = ..., trained_context: _Optional[int] = ..., layers: _Optional[int] = ..., experts: _Optional[int] = ..., chat_template: _Optional[str] = ..., vision_available: _Optional[bool] = ..., projector_path: _Optional[str] = ...) -> None: ...
+
+class MemoryUse(_message.Message):
+    __slots__ = ("host_resident_bytes", "vram_used_bytes", "model_host_bytes", "model_vram_bytes", "kv_cache_bytes")
+    HOST_RESIDENT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    VRAM_USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MODEL_HOST_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MODEL_VRAM_BYTES_FIELD_NUMBER: _ClassVar[int]
+    KV_CACHE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    host_resident_bytes: int
+    vram_used_bytes: int
+    model_host_bytes: int
+    model_vram_bytes: int
+    kv_cache_bytes: int
+    def __init__(self, host_resident_bytes: _Optional[int] = ..., vram_used_bytes: _Optional[int] = ..., model_host_bytes: _Optional[int] = ..., model_vram_bytes: _Optional[int] = ..., kv_cache_bytes: _Optional[int] = ...) -> None: ...
+
+class Throughput(_message.Message):
+    __slots__ = ("tokens_generated", "prompt_tokens_processed", "decode_tokens_per_s", "prefill_tokens_per_s", "requests_served", "requests_active", "requests_queued")
+    TOKENS_GENERATED_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_PROCESSED_FIELD_NUMBER: _ClassVar[int]
+    DECODE_TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_SERVED_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_ACTIVE_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_QUEUED_FIELD_NUMBER: _ClassVar[int]
+    tokens_generated: int
+    prompt_tokens_processed: int
+    decode_tokens_per_s: float
+    prefill_tokens_per_s: float
+    requests_served: int
+    requests_active: int
+    requests_queued: int
+    def __init__(self, tokens_generated: _Optional[int] = ..., prompt_tokens_processed: _Optional[int] = ..., decode_tokens_per_s: _Optional[float] = ..., prefill_tokens_per_s: _Optional[float] = ..., requests_served: _Optional[int] = ..., requests_active: _Optional[int] = ..., requests_queued: _Optional[int] = ...) -> None: ...
+
+class SessionInfo(_message.Message):
+    __slots__ = ("session_id", "tokens", "last_used_unix_ms", "in_kv_cache")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    LAST_USED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    IN_KV_CACHE_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    tokens: int
+    last_used_unix_ms: int
+    in_kv_cache: bool
+    def __init__(self, session_id: _Optional[str] = ..., tokens: _Optional[int] = ..., last_used_unix_ms: _Optional[int] = ..., in_kv_cache: _Optional[bool] = ...) -> None: ...
+
+class Limits(_message.Message):
+    __slots__ = ("max_sessions", "context_per_session", "max_prompt_tokens", "max_tokens_per_request", "max_message_bytes", "max_image_bytes")
+    MAX_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_PER_SESSION_FIELD_NUMBER: _ClassVar[int]
+    MAX_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOKENS_PER_REQUEST_FIELD_NUMBER: _ClassVar[int]
+    MAX_MESSAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_IMAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    max_sessions: int
+    context_per_session: int
+    max_prompt_tokens: int
+    max_tokens_per_request: int
+    max_message_bytes: int
+    max_image_bytes: int
+    def __init__(self, max_sessions: _Optional[int] = ..., context_per_session: _Optional[int] = ..., max_prompt_tokens: _Optional[int] = ..., max_tokens_per_request: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., max_image_bytes: _Optional[int] = ...) -> None: ...
+
+class Status(_message.Message):
+    __slots__ = ("version", "phase", "model", "budget", "schedule", "memory", "throughput", "sessions", "limits", "uptime_s", "listen_addresses")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULE_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_FIELD_NUMBER: _ClassVar[int]
+    THROUGHPUT_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    LIMITS_FIELD_NUMBER: _ClassVar[int]
+    UPTIME_S_FIELD_NUMBER: _ClassVar[int]
+    LISTEN_ADDRESSES_FIELD_NUMBER: _ClassVar[int]
+    version: str
+    phase: EnginePhase
+    model: ModelInfo
+    budget: Budget
+    schedule: Schedule
+    memory: MemoryUse
+    throughput: Throughput
+    sessions: _containers.RepeatedCompositeFieldContainer[SessionInfo]
+    limits: Limits
+    uptime_s: float
+    listen_addresses: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, version: _Optional[str] = ..., phase: _Optional[_Union[EnginePhase, str]] = ..., model: _Optional[_Union[ModelInfo, _Mapping]] = ..., budget: _Optional[_Union[Budget, _Mapping]] = ..., schedule: _Optional[_Union[Schedule, _Mapping]] = ..., memory: _Optional[_Union[MemoryUse, _Mapping]] = ..., throughput: _Optional[_Union[Throughput, _Mapping]] = ..., sessions: _Optional[_Iterable[_Union[SessionInfo, _Mapping]]] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., uptime_s: _Optional[float] = ..., listen_addresses: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class EndSessionRequest(_message.Message):
+    __slots__ = ("session_id",)
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+
+class EndSessionResponse(_message.Message):
+    __slots__ = ("tokens_freed",)
+    TOKENS_FREED_FIELD_NUMBER: _ClassVar[int]
+    tokens_freed: int
+    def __init__(self, tokens_freed: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,229 @@
+"""The `xlm-sidecar` command. `xlm-sidecar --budget 3G` is short for `xlm-sidecar serve --budget 3G`.
+
+Exit codes: 0 done, 1 unexpected failure, 2 bad flags, 3 model cannot be loaded, 4 cannot listen,
+5 the daemon could not be reached (client commands).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+import grpc
+from pydantic import ValidationError
+
+from sidecar import __version__
+from sidecar.errors import InvalidArgument, ModelLoadError
+
+EXIT_FAILURE, EXIT_USAGE, EXIT_MODEL, EXIT_LISTEN, EXIT_UNREACHABLE = 1, 2, 3, 4, 5
+SUBCOMMANDS = ("serve", "chat", "status", "testmodels", "profile")
+
+
+def _add_serve(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="run the daemon (the default command)")
+    p.add_argument("--model", type=Path, help="GGUF model file (default: bundled SmolLM2-135M-Instruct)")
+    p.add_argument("--budget", help="VRAM the game grants: 512M, 3G, 3GiB, 2.5G, 0 = CPU only (default 0)")
+    p.add_argument("--max-cpu-threads", type=int, help="most CPU threads per forward pass (the game needs cores too)")
+    p.add_argument("--host", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port to listen on (default 50551; 0 picks a free one)")
+    p.add_argument("--ctx", type=int, help="context size in tokens (default 4096)")
+    p.add_argument("--batch", type=int, help="most prompt tokens per forward pass (default 512)")
+    p.add_argument("--threads", type=int, help="CPU threads (default: one per physical core)")
+    p.add_argument("--flash-attention", choices=("auto", "on", "off"))
+    p.add_argument("--max-sessions", type=int, help="most NPC sessions kept at once (default 64)")
+    p.add_argument("--max-prompt-tokens", type=int, help="longest prompt accepted (default 3072)")
+    p.add_argument("--max-tokens-per-request", type=int, help="largest max_tokens accepted (default 2048)")
+    p.add_argument("--max-message-bytes", type=int, help="largest gRPC message (default 8 MiB)")
+    p.add_argument("--log-format", choices=("auto", "console", "json"))
+    p.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
+    p.set_defaults(run=_run_serve)
+
+
+def _add_client_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--address", default=None, help="daemon address (default 127.0.0.1:50551)")
+    p.add_argument("--timeout", type=float, default=None, help="seconds before giving up")
+
+
+def _add_chat(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("chat", help="say something to a running daemon and print the reply as it streams")
+    p.add_argument("text", help="what the user says")
+    p.add_argument("--session", default="", help="session id: continue this NPC's conversation")
+    p.add_argument("--system", default=None, help="system prompt (the NPC's persona)")
+    p.add_argument("--max-tokens", type=int, default=0)
+    p.add_argument("--temperature", type=float, default=None)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--json-schema", default="", help="JSON schema (text or @file) the reply must follow")
+    p.add_argument("--stats", action="store_true", help="print usage and timings after the reply")
+    _add_client_flags(p)
+    p.set_defaults(run=_run_chat)
+
+
+def _add_status(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("status", help="show a running daemon's model, budget, memory and sessions")
+    p.add_argument("--json", action="store_true", help="print the status message as JSON")
+    _add_client_flags(p)
+    p.set_defaults(run=_run_status)
+
+
+def _register_optional(sub: argparse._SubParsersAction) -> None:
+    # Commands that live with their own subsystem register themselves; a subsystem missing from a
+    # trimmed build (e.g. a frozen game bundle without the profiler) just lacks its command.
+    import importlib
+
+    for module in ("sidecar.testmodels.cli", "sidecar.profiler.cli"):
+        try:
+            register = importlib.import_module(module).register
+        except ImportError:
+            continue
+        register(sub)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="xlm-sidecar",
+        description="Run a language model beside a game, inside the VRAM budget the game grants.",
+    )
+    parser.add_argument("--version", action="version", version=f"xlm-sidecar {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    _add_serve(sub)
+    _add_chat(sub)
+    _add_status(sub)
+    _register_optional(sub)
+    return parser
+
+
+def _run_serve(args: argparse.Namespace) -> int:
+    from sidecar.daemon import serve
+    from sidecar.logs import configure_logging
+    from sidecar.service.grpc_server import PortInUse
+    from sidecar.settings import Settings
+
+    flags = {
+        name: value
+        for name, value in vars(args).items()
+        if value is not None and name in Settings.model_fields
+    }
+    try:
+        settings = Settings(**flags)
+    except ValidationError as e:
+        for err in e.errors():
+            where = ".".join(str(x) for x in err["loc"]) or "settings"
+            print(f"xlm-sidecar: --{where.replace('_', '-')}: {err['msg']}", file=sys.stderr)
+        return EXIT_USAGE
+    configure_logging(settings.log_format, settings.log_level)
+    try:
+        asyncio.run(serve(settings))
+    except ModelLoadError as e:
+        print(f"xlm-sidecar: {e}", file=sys.stderr)
+        return EXIT_MODEL
+    except PortInUse as e:
+        print(f"xlm-sidecar: {e} (is another daemon running? use --port)", file=sys.stderr)
+        return EXIT_LISTEN
+    except InvalidArgument as e:
+        print(f"xlm-sidecar: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    return 0
+
+
+def _client(args: argparse.Namespace):
+    from sidecar.client import DEFAULT_ADDRESS, SidecarClient
+
+    return SidecarClient(args.address or DEFAULT_ADDRESS, timeout_s=args.timeout)
+
+
+def _rpc_failure(e: grpc.RpcError, address: str) -> int:
+    if e.code() == grpc.StatusCode.UNAVAILABLE:
+        print(f"xlm-sidecar: no daemon answers at {address} ({e.details()}); start one with `xlm-sidecar serve`", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    print(f"xlm-sidecar: {e.code().name}: {e.details()}", file=sys.stderr)
+    return EXIT_FAILURE
+
+
+def _run_chat(args: argparse.Namespace) -> int:
+    from sidecar.api import pb
+    from sidecar.client import Reply
+
+    schema = args.json_schema
+    if schema.startswith("@"):
+        schema = Path(schema[1:]).read_text(encoding="utf-8")
+    sampling = pb.SamplingParams()
+    if args.temperature is not None:
+        sampling.temperature = args.temperature
+    if args.seed is not None:
+        sampling.seed = args.seed
+    reply = Reply()
+    with _client(args) as client:
+        try:
+            for piece in client.chat(
+                args.text,
+                session_id=args.session,
+                system=args.system,
+                max_tokens=args.max_tokens,
+                sampling=sampling,
+                stop=args.stop,
+                json_schema=schema,
+                reply=reply,
+            ):
+                sys.stdout.write(piece)
+                sys.stdout.flush()
+        except grpc.RpcError as e:
+            print()
+            return _rpc_failure(e, client.address)
+    print()
+    if args.stats and reply.final is not None:
+        f = reply.final
+        print(
+            f"[{pb.FinishReason.Name(f.finish_reason)}] prompt {f.usage.prompt_tokens} tokens "
+            f"({f.usage.cached_prompt_tokens} cached), reply {f.usage.completion_tokens} tokens, "
+            f"first token {f.timings.time_to_first_token_ms:.0f} ms, {f.timings.decode_tokens_per_s:.1f} tokens/s",
+            file=sys.stderr,
+        )
+    return 0
+
+
+def _run_status(args: argparse.Namespace) -> int:
+    from google.protobuf.json_format import MessageToDict
+
+    from sidecar.budget import format_size
+
+    with _client(args) as client:
+        try:
+            status = client.status()
+        except grpc.RpcError as e:
+            return _rpc_failure(e, client.address)
+    if args.json:
+        print(json.dumps(MessageToDict(status, preserving_proto_field_name=True), indent=2))
+        return 0
+    m, t = status.model, status.throughput
+    print(f"xlm-sidecar {status.version}, up {status.uptime_s:.0f} s, listening on {', '.join(status.listen_addresses)}")
+    print(f"model     {m.name} ({m.architecture}, {m.parameters / 1e6:.0f}M parameters, {format_size(m.file_bytes)})")
+    print(f"budget    VRAM {format_size(status.budget.vram_bytes)}, CPU threads {status.budget.max_cpu_threads or 'no cap'}")
+    print(f"memory    resident {format_size(status.memory.host_resident_bytes)}, KV cache {format_size(status.memory.kv_cache_bytes)}")
+    print(
+        f"work      {t.requests_served} requests, {t.tokens_generated} tokens generated, "
+        f"{t.decode_tokens_per_s:.1f} tokens/s decode, {t.prefill_tokens_per_s:.1f} tokens/s prefill"
+    )
+    print(f"sessions  {len(status.sessions)} of {status.limits.max_sessions}")
+    for s in status.sessions:
+        print(f"          {s.session_id}: {s.tokens} tokens")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `xlm-sidecar` script."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version")):
+        argv.insert(0, "serve")  # `xlm-sidecar --budget 3G`
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

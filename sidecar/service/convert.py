@@ -1,0 +1,168 @@
+"""Between the wire (xlm.v1 messages) and the engine's own types. Validation lives here, so both
+transports (gRPC now, the WebSocket bridge later) refuse the same requests the same way."""
+
+from __future__ import annotations
+
+import time
+
+from sidecar.api import pb
+from sidecar.budget import Budget
+from sidecar.engine import (
+    EngineSnapshot,
+    Finished,
+    FinishReason,
+    GenerationSpec,
+    Prompt,
+    SamplingConfig,
+    json_schema_grammar,
+)
+from sidecar.errors import InvalidArgument
+
+DEFAULT_MAX_TOKENS = 256
+MAX_STOP_STRINGS = 16
+MAX_STOP_LENGTH = 256
+
+_FINISH = {
+    FinishReason.STOP: pb.FINISH_REASON_STOP,
+    FinishReason.LENGTH: pb.FINISH_REASON_LENGTH,
+    FinishReason.STOP_STRING: pb.FINISH_REASON_STOP_STRING,
+    FinishReason.CANCELLED: pb.FINISH_REASON_CANCELLED,
+    FinishReason.CONTEXT_FULL: pb.FINISH_REASON_CONTEXT_FULL,
+}
+
+
+def sampling_from_pb(s: pb.SamplingParams) -> SamplingConfig:
+    """Unset fields keep SamplingConfig's defaults; set ones are range-checked there."""
+    defaults = SamplingConfig()
+    fields = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n", "seed")
+    values = {f: getattr(s, f) if s.HasField(f) else getattr(defaults, f) for f in fields}
+    return SamplingConfig(**values)
+
+
+def generation_spec_from_pb(r: pb.GenerateRequest) -> GenerationSpec:
+    """A validated GenerationSpec, or InvalidArgument naming the field that is wrong."""
+    which = r.WhichOneof("input")
+    if which == "messages":
+        prompt = Prompt(messages=tuple((m.role, m.content) for m in r.messages.messages))
+    elif which == "prompt":
+        prompt = Prompt(text=r.prompt)
+    else:
+        raise InvalidArgument("give either messages or prompt")
+    stops = tuple(r.stop)
+    if len(stops) > MAX_STOP_STRINGS:
+        raise InvalidArgument(f"at most {MAX_STOP_STRINGS} stop strings")
+    if any(not s or len(s) > MAX_STOP_LENGTH for s in stops):
+        raise InvalidArgument(f"stop strings must be 1 to {MAX_STOP_LENGTH} characters")
+    if r.reset_session and not r.session_id:
+        raise InvalidArgument("reset_session needs a session_id")
+    return GenerationSpec(
+        prompt=prompt,
+        sampling=sampling_from_pb(r.sampling),
+        max_tokens=r.max_tokens or DEFAULT_MAX_TOKENS,
+        stop=stops,
+        grammar=json_schema_grammar(r.json_schema) if r.json_schema else None,
+        session_id=r.session_id,
+        reset_session=r.reset_session,
+        request_id=r.request_id,
+    )
+
+
+def chunk_from_finished(f: Finished) -> pb.GenerateChunk:
+    t = f.timings
+    return pb.GenerateChunk(
+        final=pb.GenerationFinal(
+            finish_reason=_FINISH[f.reason],
+            usage=pb.Usage(
+                prompt_tokens=f.usage.prompt_tokens,
+                cached_prompt_tokens=f.usage.cached_prompt_tokens,
+                completion_tokens=f.usage.completion_tokens,
+            ),
+            timings=pb.Timings(
+                time_to_first_token_ms=t.time_to_first_token_ms,
+                prefill_tokens_per_s=t.prefill_tokens_per_s,
+                decode_tokens_per_s=t.decode_tokens_per_s,
+                total_ms=t.total_ms,
+                queued_ms=t.queued_ms,
+            ),
+            session_id=f.session_id,
+        )
+    )
+
+
+def budget_to_pb(b: Budget) -> pb.Budget:
+    return pb.Budget(vram_bytes=b.vram_bytes, max_cpu_threads=b.max_cpu_threads)
+
+
+_PHASE = {"loading": pb.ENGINE_PHASE_LOADING, "ready": pb.ENGINE_PHASE_READY, "draining": pb.ENGINE_PHASE_DRAINING}
+
+
+def phase_to_pb(phase_name: str) -> int:
+    return _PHASE.get(phase_name, pb.ENGINE_PHASE_UNSPECIFIED)
+
+
+def status_to_pb(
+    snap: EngineSnapshot,
+    *,
+    budget: Budget,
+    version: str,
+    uptime_s: float,
+    host_resident_bytes: int,
+    listen_addresses: list[str],
+    max_message_bytes: int,
+) -> pb.Status:
+    m, c, t = snap.model, snap.config, snap.throughput
+    return pb.Status(
+        version=version,
+        phase=phase_to_pb(snap.phase.value),
+        model=pb.ModelInfo(
+            path=m.path,
+            name=m.name,
+            architecture=m.architecture,
+            parameters=m.parameters,
+            file_bytes=m.file_bytes,
+            trained_context=m.trained_context,
+            layers=m.layers,
+            experts=m.experts,
+            chat_template=m.chat_template,
+            vision_available=False,
+        ),
+        budget=budget_to_pb(budget),
+        # No planner yet: the schedule is empty and everything runs on the CPU.
+        schedule=pb.Schedule(micro_batch=c.n_batch, kv_type="f16"),
+        memory=pb.MemoryUse(
+            host_resident_bytes=host_resident_bytes,
+            model_host_bytes=m.file_bytes,
+            kv_cache_bytes=snap.kv_cache_bytes,
+        ),
+        throughput=pb.Throughput(
+            tokens_generated=t.tokens_generated,
+            prompt_tokens_processed=t.prompt_tokens_processed,
+            decode_tokens_per_s=t.decode_tokens_per_s,
+            prefill_tokens_per_s=t.prefill_tokens_per_s,
+            requests_served=t.requests_served,
+            requests_active=snap.requests_active,
+            requests_queued=snap.requests_queued,
+        ),
+        sessions=[
+            pb.SessionInfo(
+                session_id=s.session_id,
+                tokens=s.tokens,
+                last_used_unix_ms=int(s.last_used * 1000),
+                in_kv_cache=True,
+            )
+            for s in snap.sessions
+        ],
+        limits=pb.Limits(
+            max_sessions=c.max_sessions,
+            context_per_session=c.n_ctx,
+            max_prompt_tokens=c.max_prompt_tokens,
+            max_tokens_per_request=c.max_tokens_per_request,
+            max_message_bytes=max_message_bytes,
+        ),
+        uptime_s=uptime_s,
+        listen_addresses=listen_addresses,
+    )
+
+
+def now_unix_ms() -> int:
+    return int(time.time() * 1000)

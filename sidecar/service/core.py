@@ -1,0 +1,124 @@
+"""The service core: every RPC's behaviour, independent of the transport that carries it.
+
+Transports (gRPC here; the WebSocket bridge later) only decode requests, call these coroutines and
+encode what comes back; typed errors raised here become status codes at their edge.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import psutil
+import structlog
+
+from sidecar.api import pb
+from sidecar.budget import Budget, parse_size
+from sidecar.engine import Engine, Finished, TextDelta
+from sidecar.errors import SidecarError, Unavailable, Unimplemented
+from sidecar.service import convert
+from sidecar.service.state import DaemonState, StateHub
+
+log = structlog.get_logger("service")
+
+
+@dataclass(frozen=True)
+class ServiceInfo:
+    version: str
+    listen_addresses: tuple[str, ...]
+    max_message_bytes: int
+
+
+class SidecarService:
+    """One per daemon. Must be created and used on the daemon's event loop."""
+
+    def __init__(self, engine: Engine, budget: Budget, info: ServiceInfo) -> None:
+        self.engine = engine
+        self.budget = budget
+        self.info = info
+        self.started = time.monotonic()
+        self.state = StateHub(DaemonState(phase="ready", budget=budget, reason="initial"))
+        self.draining = False
+        self._process = psutil.Process()
+
+    async def generate(self, request: pb.GenerateRequest) -> AsyncIterator[pb.GenerateChunk]:
+        """Stream a generation. Stopping iteration early (client gone) cancels the engine job."""
+        if self.draining:
+            raise Unavailable("the daemon is shutting down")
+        spec = convert.generation_spec_from_pb(request)
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue = asyncio.Queue()
+
+        def sink(event: object) -> None:
+            # Called on the engine thread: hand over to the loop, never block the engine.
+            try:
+                loop.call_soon_threadsafe(events.put_nowait, event)
+            except RuntimeError:  # the loop is closed: the daemon is gone, nobody is listening
+                pass
+
+        job = self.engine.submit(spec, sink)
+        log.debug("generate", request_id=spec.request_id, session_id=spec.session_id)
+        try:
+            pending = None
+            while True:
+                event, pending = pending or await events.get(), None
+                if isinstance(event, TextDelta):
+                    # Merge what piled up while the client was slow: fewer, larger chunks.
+                    text, tokens = [event.text], list(event.token_ids)
+                    while not events.empty():
+                        more = events.get_nowait()
+                        if not isinstance(more, TextDelta):
+                            pending = more
+                            break
+                        text.append(more.text)
+                        tokens.extend(more.token_ids)
+                    yield pb.GenerateChunk(text="".join(text), token_ids=tokens)
+                elif isinstance(event, Finished):
+                    yield convert.chunk_from_finished(event)
+                    return
+                elif isinstance(event, SidecarError):
+                    raise event
+        finally:
+            job.cancel()  # a no-op when the job already finished
+
+    async def ask_image(self, request: pb.AskImageRequest) -> AsyncIterator[pb.GenerateChunk]:
+        raise Unimplemented("image questions arrive with vision-language model support")
+        yield  # pragma: no cover - makes this an async generator like generate()
+
+    async def set_budget(self, request: pb.SetBudgetRequest) -> pb.SetBudgetResponse:
+        # Validate first so a malformed budget is INVALID_ARGUMENT even before re-planning exists.
+        if request.WhichOneof("vram") == "vram_size":
+            parse_size(request.vram_size)
+        raise Unimplemented("live budget changes arrive with the planner and schedule switching")
+
+    async def watch_state(self) -> AsyncIterator[pb.StateEvent]:
+        async for state in self.state.watch():
+            yield pb.StateEvent(
+                unix_ms=convert.now_unix_ms(),
+                phase=convert.phase_to_pb(state.phase),
+                budget=convert.budget_to_pb(state.budget),
+                schedule=pb.Schedule(micro_batch=self.engine.config.n_batch, kv_type="f16"),
+                reason=state.reason,
+            )
+
+    async def get_status(self) -> pb.Status:
+        return convert.status_to_pb(
+            self.engine.snapshot(),
+            budget=self.budget,
+            version=self.info.version,
+            uptime_s=time.monotonic() - self.started,
+            host_resident_bytes=self._process.memory_info().rss,
+            listen_addresses=list(self.info.listen_addresses),
+            max_message_bytes=self.info.max_message_bytes,
+        )
+
+    async def end_session(self, request: pb.EndSessionRequest) -> pb.EndSessionResponse:
+        return pb.EndSessionResponse(tokens_freed=self.engine.end_session(request.session_id))
+
+    def begin_drain(self) -> None:
+        """Refuse new work; in-flight streams carry on until the transport's grace period ends."""
+        self.draining = True
+        self.state.publish(phase="draining", reason="shutdown")
+        self.state.close()

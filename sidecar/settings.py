@@ -1,0 +1,76 @@
+"""The daemon's settings: one object, resolved once at start-up from flags and environment.
+
+Precedence: command-line flags, then XLM_SIDECAR_* environment variables (e.g.
+XLM_SIDECAR_BUDGET=3G, set by a launching game), then these defaults.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import psutil
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from sidecar.budget import Budget, parse_size
+from sidecar.errors import InvalidArgument
+
+DEFAULT_PORT = 50551
+DEFAULT_HOST = "127.0.0.1"
+
+
+class Settings(BaseSettings):
+    """Everything `xlm-sidecar serve` can be told. Field names match the long flags."""
+
+    model_config = SettingsConfigDict(env_prefix="XLM_SIDECAR_", extra="forbid", frozen=True)
+
+    model: Path | None = Field(None, description="GGUF model to serve; default: the bundled SmolLM2-135M-Instruct")
+    budget: str = Field("0", description="VRAM the game grants, e.g. 512M, 3G, 2.5GiB; 0 = CPU only")
+    max_cpu_threads: int = Field(0, ge=0, le=4096, description="most CPU threads per forward pass; 0 = no cap")
+    host: str = DEFAULT_HOST
+    port: int = Field(DEFAULT_PORT, ge=0, le=65535)
+    ctx: int = Field(4096, ge=64, le=1 << 20, description="context tokens")
+    batch: int = Field(512, ge=1, le=1 << 16, description="most prompt tokens per forward pass")
+    threads: int = Field(0, ge=0, le=4096, description="CPU threads; 0 = one per physical core")
+    flash_attention: Literal["auto", "on", "off"] = "auto"
+    max_sessions: int = Field(64, ge=1, le=100_000)
+    max_prompt_tokens: int = Field(3072, ge=1)
+    max_tokens_per_request: int = Field(2048, ge=1)
+    max_message_bytes: int = Field(8 << 20, ge=1024, le=1 << 30)
+    log_format: Literal["auto", "console", "json"] = "auto"
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @field_validator("budget")
+    @classmethod
+    def _budget_is_a_size(cls, value: str) -> str:
+        try:
+            parse_size(value)
+        except InvalidArgument as e:
+            raise ValueError(str(e)) from None  # pydantic reports ValueErrors as field errors
+        return value
+
+    @property
+    def budget_value(self) -> Budget:
+        return Budget(vram_bytes=parse_size(self.budget), max_cpu_threads=self.max_cpu_threads)
+
+    @property
+    def address(self) -> str:
+        return format_address(self.host, self.port)
+
+    def cpu_threads(self) -> int:
+        """Threads per forward pass: the flag, else one per physical core (hyper-threads slow
+        llama.cpp's memory-bound decode down), never above the game's cap."""
+        threads = self.threads or psutil.cpu_count(logical=False) or psutil.cpu_count() or 1
+        if self.max_cpu_threads:
+            threads = min(threads, self.max_cpu_threads)
+        return max(threads, 1)
+
+    @property
+    def flash_attention_flag(self) -> bool | None:
+        return {"auto": None, "on": True, "off": False}[self.flash_attention]
+
+
+def format_address(host: str, port: int) -> str:
+    """host:port as gRPC takes it (IPv6 hosts in brackets)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

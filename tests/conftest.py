@@ -1,0 +1,81 @@
+"""Shared fixtures: a real daemon process on a free port, serving the real default model."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from sidecar.client import SidecarClient
+from sidecar.default_model import default_model_path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class RunningDaemon:
+    process: subprocess.Popen
+    address: str
+    log_lines: list[dict]
+
+    def client(self, **kwargs: object) -> SidecarClient:
+        return SidecarClient(self.address, **kwargs)
+
+
+def start_daemon(*args: str, timeout_s: float = 60.0, env: dict[str, str] | None = None) -> RunningDaemon:
+    """Start `xlm-sidecar serve --port 0 ...` and wait for its "listening" log line."""
+    cmd = [sys.executable, "-m", "sidecar", "serve", "--port", "0", "--log-format", "json", *args]
+    process = subprocess.Popen(
+        cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env={**os.environ, **(env or {})}
+    )
+    lines: list[dict] = []
+    deadline = time.monotonic() + timeout_s
+    assert process.stderr is not None
+    while time.monotonic() < deadline:
+        line = process.stderr.readline()
+        if not line:
+            raise RuntimeError(f"daemon exited with {process.wait()} before listening: {lines}")
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        lines.append(event)
+        if event.get("event") == "listening":
+            return RunningDaemon(process, event["address"], lines)
+    process.kill()
+    raise RuntimeError(f"daemon did not listen within {timeout_s} s: {lines}")
+
+
+def stop_daemon(daemon: RunningDaemon) -> int:
+    daemon.process.terminate()
+    try:
+        return daemon.process.wait(timeout=20)
+    finally:
+        if daemon.process.poll() is None:
+            daemon.process.kill()
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    return default_model_path()
+
+
+@pytest.fixture(scope="session")
+def daemon() -> Iterator[RunningDaemon]:
+    """One daemon on the default model (SmolLM2) for the whole test session."""
+    running = start_daemon("--budget", "0")
+    yield running
+    stop_daemon(running)
+
+
+@pytest.fixture
+def client(daemon: RunningDaemon) -> Iterator[SidecarClient]:
+    with daemon.client(timeout_s=120) as c:
+        yield c

@@ -1,0 +1,167 @@
+"""The daemon over real gRPC, serving the real SmolLM2: streaming, sessions, errors."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import grpc
+import pytest
+
+from sidecar.api import pb
+from sidecar.client import Reply
+
+GREEDY = pb.SamplingParams(temperature=0.0)
+
+
+def chat_request(text: str, **kwargs) -> pb.GenerateRequest:
+    return pb.GenerateRequest(
+        messages=pb.ChatMessages(messages=[pb.ChatMessage(role="user", content=text)]), sampling=GREEDY, **kwargs
+    )
+
+
+def test_reply_is_coherent(client) -> None:
+    reply = client.complete(chat_request("What is the capital of France?", max_tokens=40))
+    assert "Paris" in reply.text
+    final = reply.final
+    assert final.finish_reason in (pb.FINISH_REASON_STOP, pb.FINISH_REASON_LENGTH)
+    assert final.usage.prompt_tokens > 10
+    assert final.usage.completion_tokens == len(reply.token_ids)
+    assert final.timings.time_to_first_token_ms > 0
+    assert final.timings.decode_tokens_per_s > 0
+
+
+def test_first_chunk_arrives_before_generation_ends(client) -> None:
+    arrivals = []
+    for chunk in client.generate(chat_request("Tell me a long story about a dragon.", max_tokens=60)):
+        arrivals.append((time.perf_counter(), chunk))
+    first_text_at = next(t for t, c in arrivals if c.text)
+    final_at, final = arrivals[-1]
+    assert final.HasField("final") and final.final.usage.completion_tokens == 60
+    assert sum(1 for _, c in arrivals if c.text) > 10, "text should come in many chunks, not one"
+    # Streaming is real when the first words arrive well before the end of 60 tokens of decode.
+    assert final_at - first_text_at > 0.5 * (final_at - arrivals[0][0]) * 0.5
+
+
+def test_raw_prompt_and_max_tokens(client) -> None:
+    reply = client.complete(pb.GenerateRequest(prompt="The three primary colors are", max_tokens=5, sampling=GREEDY))
+    assert reply.final.finish_reason == pb.FINISH_REASON_LENGTH
+    assert reply.final.usage.completion_tokens == 5
+
+
+def test_stop_string_ends_the_reply_without_it(client) -> None:
+    reply = client.complete(pb.GenerateRequest(prompt="1, 2, 3, 4, 5,", max_tokens=40, stop=[" 8"], sampling=GREEDY))
+    assert reply.final.finish_reason == pb.FINISH_REASON_STOP_STRING
+    assert " 8" not in reply.text and "7" in reply.text
+
+
+def test_session_keeps_the_conversation_and_reuses_its_cache(client) -> None:
+    first = client.complete(chat_request("My name is Aria. Remember it.", session_id="aria", max_tokens=30))
+    second = client.complete(chat_request("What is my name?", session_id="aria", max_tokens=20))
+    assert "Aria" in second.text
+    # Turn 2 prefills only what is new: the first turn's prompt and reply come from the KV cache.
+    assert second.final.usage.cached_prompt_tokens >= first.final.usage.prompt_tokens
+    assert second.final.session_id == "aria"
+    sessions = {s.session_id: s for s in client.status().sessions}
+    assert sessions["aria"].tokens > second.final.usage.prompt_tokens
+    assert client.end_session("aria") > 0
+    with pytest.raises(grpc.RpcError) as e:
+        client.end_session("aria")
+    assert e.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_json_schema_constrains_the_reply(client) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"action": {"type": "string", "enum": ["attack", "flee", "trade"]}, "line": {"type": "string"}},
+        "required": ["action", "line"],
+    }
+    reply = client.complete(
+        chat_request("A goblin approaches. What do you do? Answer in JSON.", json_schema=json.dumps(schema), max_tokens=80)
+    )
+    parsed = json.loads(reply.text)
+    assert parsed["action"] in ("attack", "flee", "trade")
+
+
+def test_cancel_mid_stream_frees_the_engine_for_the_next_call(client) -> None:
+    stream = client.generate(chat_request("Count from one to one thousand.", max_tokens=500))
+    next(stream)
+    stream.close()  # cancels the call
+    started = time.perf_counter()
+    reply = client.complete(pb.GenerateRequest(prompt="Hello", max_tokens=3, sampling=GREEDY))
+    assert reply.final.usage.completion_tokens == 3
+    # Had the cancelled call kept generating, this one would have queued behind ~500 tokens.
+    assert reply.final.timings.queued_ms < 2000, time.perf_counter() - started
+
+
+def test_concurrent_callers_are_all_served(daemon) -> None:
+    results: dict[int, Reply] = {}
+
+    def ask(i: int) -> None:
+        with daemon.client(timeout_s=120) as c:
+            results[i] = c.complete(chat_request(f"Say the number {i} in French.", max_tokens=8))
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert sorted(results) == [0, 1, 2, 3]
+    assert all(0 < r.final.usage.completion_tokens <= 8 for r in results.values())
+    assert all(r.final.finish_reason in (pb.FINISH_REASON_STOP, pb.FINISH_REASON_LENGTH) for r in results.values())
+
+
+@pytest.mark.parametrize(
+    ("request_", "code"),
+    [
+        (pb.GenerateRequest(), grpc.StatusCode.INVALID_ARGUMENT),
+        (pb.GenerateRequest(prompt=""), grpc.StatusCode.INVALID_ARGUMENT),
+        (pb.GenerateRequest(messages=pb.ChatMessages()), grpc.StatusCode.INVALID_ARGUMENT),
+        (chat_request("hi").__class__(messages=pb.ChatMessages(messages=[pb.ChatMessage(role="wizard", content="x")])), grpc.StatusCode.INVALID_ARGUMENT),
+        (pb.GenerateRequest(prompt="x", sampling=pb.SamplingParams(temperature=-1)), grpc.StatusCode.INVALID_ARGUMENT),
+        (pb.GenerateRequest(prompt="x", sampling=pb.SamplingParams(top_p=0)), grpc.StatusCode.INVALID_ARGUMENT),
+        (pb.GenerateRequest(prompt="x", json_schema="{not json"), grpc.StatusCode.INVALID_ARGUMENT),
+        (pb.GenerateRequest(prompt="x", max_tokens=10**6), grpc.StatusCode.INVALID_ARGUMENT),
+        (pb.GenerateRequest(prompt="x", stop=[""]), grpc.StatusCode.INVALID_ARGUMENT),
+        (pb.GenerateRequest(prompt="x", reset_session=True), grpc.StatusCode.INVALID_ARGUMENT),
+        (pb.GenerateRequest(prompt="word " * 5000), grpc.StatusCode.INVALID_ARGUMENT),
+    ],
+)
+def test_bad_requests_get_invalid_argument_and_the_daemon_goes_on(client, request_, code) -> None:
+    with pytest.raises(grpc.RpcError) as e:
+        client.complete(request_)
+    assert e.value.code() == code
+    assert e.value.details()
+    assert client.complete(pb.GenerateRequest(prompt="Hi", max_tokens=2, sampling=GREEDY)).final.usage.completion_tokens == 2
+
+
+def test_declared_but_later_rpcs_answer_unimplemented(client) -> None:
+    with pytest.raises(grpc.RpcError) as e:
+        client.complete  # noqa: B018 - keep the client warm
+        list(client._stub.AskImage(pb.AskImageRequest(question="what is this?")))
+    assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    with pytest.raises(grpc.RpcError) as e:
+        client.set_budget(pb.SetBudgetRequest(vram_size="2G"))
+    assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    with pytest.raises(grpc.RpcError) as e:
+        client.set_budget(pb.SetBudgetRequest(vram_size="two gigs"))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_status_reports_model_budget_and_limits(client) -> None:
+    status = client.status()
+    assert status.model.architecture == "llama"
+    assert status.model.parameters > 100_000_000
+    assert status.phase == pb.ENGINE_PHASE_READY
+    assert status.budget.vram_bytes == 0
+    assert status.memory.host_resident_bytes > status.model.file_bytes // 4
+    assert status.limits.max_sessions == 64 and status.limits.context_per_session == 4096
+    assert status.listen_addresses and status.uptime_s > 0
+
+
+def test_watch_state_sends_the_current_state_first(client) -> None:
+    events = client.watch_state()
+    first = next(events)
+    events.close()
+    assert first.phase == pb.ENGINE_PHASE_READY and first.reason == "initial"
