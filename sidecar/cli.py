@@ -37,6 +37,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-prompt-tokens", type=int, help="longest prompt accepted (default 3072)")
     p.add_argument("--max-tokens-per-request", type=int, help="largest max_tokens accepted (default 2048)")
     p.add_argument("--max-message-bytes", type=int, help="largest gRPC message (default 8 MiB)")
+    p.add_argument("--stream-interval-ms", type=float, help="least time between two chunks of a stream (default 16, one frame)")
     p.add_argument("--log-format", choices=("auto", "console", "json"))
     p.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
     p.set_defaults(run=_run_serve)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+from dataclasses import replace
 
 import structlog
 
@@ -44,13 +45,22 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> None:
     """
     config = engine_config(settings)
     budget = settings.budget_value
+    # Installed first, so a launcher that stops us the moment we say "listening" gets a clean exit.
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+        except (NotImplementedError, RuntimeError):  # Windows, or not the main thread
+            pass
     log.info("loading model", path=str(config.model_path), budget=budget.describe())
     engine = await asyncio.to_thread(Engine, config)
     try:
-        service = SidecarService(engine, budget, ServiceInfo(__version__, (), settings.max_message_bytes))
+        info = ServiceInfo(__version__, (), settings.max_message_bytes, settings.stream_interval_ms / 1000.0)
+        service = SidecarService(engine, budget, info)
         server, health_servicer, port = await start_grpc_server(service, settings.address, settings.max_message_bytes)
         address = format_address(settings.host, port)
-        service.info = ServiceInfo(__version__, (address,), settings.max_message_bytes)
+        service.info = replace(info, listen_addresses=(address,))
         log.info(
             "listening",
             address=address,
@@ -59,13 +69,6 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> None:
             ctx=config.n_ctx,
             placement="cpu only (the VRAM planner is not in this version)",
         )
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            try:
-                loop.add_signal_handler(sig, stop.set)
-            except (NotImplementedError, RuntimeError):  # Windows, or not the main thread
-                pass
         if ready is not None:
             ready.set()
         try:

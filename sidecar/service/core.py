@@ -19,6 +19,7 @@ from sidecar.budget import Budget, parse_size
 from sidecar.engine import Engine, Finished, TextDelta
 from sidecar.errors import SidecarError, Unavailable, Unimplemented
 from sidecar.service import convert
+from sidecar.service.collector import StreamCollector
 from sidecar.service.state import DaemonState, StateHub
 
 log = structlog.get_logger("service")
@@ -29,6 +30,8 @@ class ServiceInfo:
     version: str
     listen_addresses: tuple[str, ...]
     max_message_bytes: int
+    # Least time between two text chunks of one stream; 0 sends every token as it comes.
+    stream_interval_s: float = 0.016
 
 
 class SidecarService:
@@ -48,38 +51,33 @@ class SidecarService:
         if self.draining:
             raise Unavailable("the daemon is shutting down")
         spec = convert.generation_spec_from_pb(request)
-        loop = asyncio.get_running_loop()
-        events: asyncio.Queue = asyncio.Queue()
-
-        def sink(event: object) -> None:
-            # Called on the engine thread: hand over to the loop, never block the engine.
-            try:
-                loop.call_soon_threadsafe(events.put_nowait, event)
-            except RuntimeError:  # the loop is closed: the daemon is gone, nobody is listening
-                pass
-
-        job = self.engine.submit(spec, sink)
+        collector = StreamCollector(asyncio.get_running_loop())
+        job = self.engine.submit(spec, collector.put)
         log.debug("generate", request_id=spec.request_id, session_id=spec.session_id)
         try:
-            pending = None
             while True:
-                event, pending = pending or await events.get(), None
-                if isinstance(event, TextDelta):
-                    # Merge what piled up while the client was slow: fewer, larger chunks.
-                    text, tokens = [event.text], list(event.token_ids)
-                    while not events.empty():
-                        more = events.get_nowait()
-                        if not isinstance(more, TextDelta):
-                            pending = more
-                            break
-                        text.append(more.text)
-                        tokens.extend(more.token_ids)
+                text: list[str] = []
+                tokens: list[int] = []
+                end = None
+                for event in await collector.next_batch():
+                    if isinstance(event, TextDelta):
+                        text.append(event.text)
+                        tokens.extend(event.token_ids)
+                    else:
+                        end = event
+                        break
+                if text or tokens:
                     yield pb.GenerateChunk(text="".join(text), token_ids=tokens)
-                elif isinstance(event, Finished):
-                    yield convert.chunk_from_finished(event)
+                    if end is None and self.info.stream_interval_s > 0:
+                        # Tokens of the next interval gather in the collector without waking us:
+                        # one chunk per frame is all a game can show, and each wake-up steals
+                        # CPU from decoding on a machine whose cores are all busy.
+                        await asyncio.sleep(self.info.stream_interval_s)
+                if isinstance(end, Finished):
+                    yield convert.chunk_from_finished(end)
                     return
-                elif isinstance(event, SidecarError):
-                    raise event
+                if isinstance(end, SidecarError):
+                    raise end
         finally:
             job.cancel()  # a no-op when the job already finished
 
