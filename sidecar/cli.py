@@ -34,7 +34,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=int, help="CPU threads (default: one per physical core)")
     p.add_argument("--flash-attention", choices=("auto", "on", "off"))
     p.add_argument("--max-sessions", type=int, help="most NPC sessions kept at once (default 64)")
-    p.add_argument("--max-prompt-tokens", type=int, help="longest prompt accepted (default 3072)")
+    p.add_argument("--max-prompt-tokens", type=int, help="longest prompt accepted, in tokens (default: three quarters of --ctx)")
     p.add_argument("--max-tokens-per-request", type=int, help="largest max_tokens accepted (default 2048)")
     p.add_argument("--max-message-bytes", type=int, help="largest gRPC message (default 8 MiB)")
     p.add_argument("--stream-interval-ms", type=float, help="least time between two chunks of a stream (default 16, one frame)")

@@ -33,7 +33,7 @@ def engine_config(settings: Settings) -> EngineConfig:
         flash_attention=settings.flash_attention_flag,
         n_gpu_layers=0,
         max_sessions=settings.max_sessions,
-        max_prompt_tokens=min(settings.max_prompt_tokens, settings.ctx - 1),
+        max_prompt_tokens=min(settings.max_prompt_tokens, settings.ctx - 1),  # 0 stays 0: the engine's default
         max_tokens_per_request=settings.max_tokens_per_request,
     )
 

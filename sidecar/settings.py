@@ -35,7 +35,7 @@ class Settings(BaseSettings):
     threads: int = Field(0, ge=0, le=4096, description="CPU threads; 0 = one per physical core")
     flash_attention: Literal["auto", "on", "off"] = "auto"
     max_sessions: int = Field(64, ge=1, le=100_000)
-    max_prompt_tokens: int = Field(3072, ge=1)
+    max_prompt_tokens: int = Field(0, ge=0, description="longest prompt in tokens; 0 = three quarters of --ctx")
     max_tokens_per_request: int = Field(2048, ge=1)
     max_message_bytes: int = Field(8 << 20, ge=1024, le=1 << 30)
     stream_interval_ms: float = Field(16.0, ge=0, le=1000, description="least time between two chunks of a stream")

@@ -34,14 +34,15 @@ def test_reply_is_coherent(client) -> None:
 
 def test_first_chunk_arrives_before_generation_ends(client) -> None:
     arrivals = []
-    for chunk in client.generate(chat_request("Tell me a long story about a dragon.", max_tokens=60)):
+    started = time.perf_counter()
+    for chunk in client.generate(chat_request("Tell me a long story about a dragon.", max_tokens=80)):
         arrivals.append((time.perf_counter(), chunk))
     first_text_at = next(t for t, c in arrivals if c.text)
     final_at, final = arrivals[-1]
-    assert final.HasField("final") and final.final.usage.completion_tokens == 60
-    assert sum(1 for _, c in arrivals if c.text) > 10, "text should come in many chunks, not one"
-    # Streaming is real when the first words arrive well before the end of 60 tokens of decode.
-    assert final_at - first_text_at > 0.5 * (final_at - arrivals[0][0]) * 0.5
+    assert final.HasField("final") and final.final.usage.completion_tokens == 80
+    assert sum(1 for _, c in arrivals if c.text) > 5, "text should come in many chunks, not one"
+    # Streaming is real when the first words arrive in the first half of the call, not at its end.
+    assert first_text_at - started < 0.5 * (final_at - started)
 
 
 def test_raw_prompt_and_max_tokens(client) -> None:

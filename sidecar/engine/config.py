@@ -27,7 +27,7 @@ class EngineConfig:
     n_gpu_layers: int = 0
     max_sessions: int = 64
     max_queue: int = 64
-    max_prompt_tokens: int = 3072
+    max_prompt_tokens: int = 0  # 0: three quarters of the context, leaving room for the reply
     max_tokens_per_request: int = 2048
 
     def __post_init__(self) -> None:
@@ -37,5 +37,7 @@ class EngineConfig:
             raise InvalidArgument(f"batch size {self.n_batch} must be between 1 and the context size")
         if self.threads_decode < 1 or self.threads_prefill < 1:
             raise InvalidArgument("thread counts must be at least 1")
-        if self.max_prompt_tokens >= self.n_ctx:
+        if self.max_prompt_tokens == 0:
+            object.__setattr__(self, "max_prompt_tokens", self.n_ctx * 3 // 4)
+        if not 1 <= self.max_prompt_tokens < self.n_ctx:
             raise InvalidArgument("max_prompt_tokens must be smaller than the context size")

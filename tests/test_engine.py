@@ -1,0 +1,132 @@
+"""The engine on the real SmolLM2, without a transport: streaming text, cache reuse, cancellation."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from sidecar.engine import (
+    Engine,
+    EngineConfig,
+    Finished,
+    FinishReason,
+    GenerationSpec,
+    Prompt,
+    SamplingConfig,
+    TextDelta,
+)
+from sidecar.errors import InvalidArgument, ResourceExhausted, SidecarError
+
+GREEDY = SamplingConfig(temperature=0.0, repeat_penalty=1.0)
+
+
+@pytest.fixture(scope="module")
+def engine(smollm2_path) -> Iterator[Engine]:
+    e = Engine(EngineConfig(model_path=smollm2_path, n_ctx=1024, threads_decode=2, threads_prefill=2, max_sessions=2, max_prompt_tokens=1000))
+    yield e
+    e.close()
+
+
+def run(engine: Engine, spec: GenerationSpec, on_delta=None) -> tuple[list[TextDelta], Finished]:
+    deltas: list[TextDelta] = []
+    done = threading.Event()
+    result: list[object] = []
+
+    def sink(event: object) -> None:
+        if isinstance(event, TextDelta):
+            deltas.append(event)
+            if on_delta:
+                on_delta(event)
+        else:
+            result.append(event)
+            done.set()
+
+    engine.submit(spec, sink)
+    assert done.wait(120), "the engine never finished the request"
+    if isinstance(result[0], SidecarError):
+        raise result[0]
+    return deltas, result[0]
+
+
+def test_characters_split_across_tokens_arrive_whole(engine: Engine) -> None:
+    # SmolLM2 spells 🐉 as three byte tokens; the dragon must still arrive in one piece.
+    ask = "Reply with only this emoji, nothing else: 🐉"
+    spec = GenerationSpec(prompt=Prompt(messages=(("user", ask),)), sampling=GREEDY, max_tokens=6)
+    deltas, final = run(engine, spec)
+    text = "".join(d.text for d in deltas)
+    assert "\ufffd" not in text
+    assert any("🐉" in d.text and len(d.token_ids) >= 2 for d in deltas), [(d.text, d.token_ids) for d in deltas]
+    assert sum(len(d.token_ids) for d in deltas) == final.usage.completion_tokens
+
+
+def test_the_same_prompt_again_is_served_from_the_kv_cache(engine: Engine) -> None:
+    spec = GenerationSpec(prompt=Prompt(messages=(("user", "Name three fruits."),)), sampling=GREEDY, max_tokens=16)
+    first_text, first = run(engine, spec)
+    again_text, again = run(engine, spec)
+    assert again.usage.cached_prompt_tokens == again.usage.prompt_tokens - 1
+    assert [d.text for d in first_text] == [d.text for d in again_text], "greedy decoding must repeat itself"
+
+
+def test_cancel_stops_within_a_step(engine: Engine) -> None:
+    job_holder = []
+
+    def cancel_after_three(_delta: TextDelta) -> None:
+        if len(seen) == 2:
+            job_holder[0].cancel()
+        seen.append(_delta)
+
+    seen: list[TextDelta] = []
+    done = threading.Event()
+    final: list[object] = []
+
+    def sink(event: object) -> None:
+        if isinstance(event, TextDelta):
+            cancel_after_three(event)
+        else:
+            final.append(event)
+            done.set()
+
+    job_holder.append(engine.submit(GenerationSpec(prompt=Prompt(text="Once upon a time"), sampling=GREEDY, max_tokens=400), sink))
+    assert done.wait(60)
+    assert isinstance(final[0], Finished) and final[0].reason is FinishReason.CANCELLED
+    assert final[0].usage.completion_tokens <= 4
+
+
+def test_a_session_keeps_its_mode(engine: Engine) -> None:
+    run(engine, GenerationSpec(prompt=Prompt(text="Hello"), sampling=GREEDY, max_tokens=2, session_id="raw-npc"))
+    with pytest.raises(InvalidArgument, match="mode"):
+        run(engine, GenerationSpec(prompt=Prompt(messages=(("user", "hi"),)), max_tokens=2, session_id="raw-npc"))
+    engine.end_session("raw-npc")
+
+
+def test_sessions_are_limited(engine: Engine) -> None:
+    for name in ("a", "b"):
+        run(engine, GenerationSpec(prompt=Prompt(text="Hi"), sampling=GREEDY, max_tokens=1, session_id=name))
+    with pytest.raises(ResourceExhausted, match="sessions"):
+        run(engine, GenerationSpec(prompt=Prompt(text="Hi"), sampling=GREEDY, max_tokens=1, session_id="c"))
+    engine.end_session("a")
+    engine.end_session("b")
+
+
+def test_a_prompt_over_the_limit_is_refused_and_the_next_one_runs(engine: Engine) -> None:
+    with pytest.raises(InvalidArgument, match="limit"):
+        run(engine, GenerationSpec(prompt=Prompt(text="tree " * 1200), max_tokens=4))
+    _, final = run(engine, GenerationSpec(prompt=Prompt(text="Hi"), sampling=GREEDY, max_tokens=2))
+    assert final.usage.completion_tokens >= 1
+
+
+def test_a_full_context_ends_the_reply(engine: Engine) -> None:
+    spec = GenerationSpec(prompt=Prompt(text="word " * 990), sampling=GREEDY, max_tokens=400)
+    _, final = run(engine, spec)
+    assert final.reason in (FinishReason.CONTEXT_FULL, FinishReason.STOP)
+    # The last token is sampled from the last cached position and never needs a slot of its own.
+    assert final.usage.prompt_tokens + final.usage.completion_tokens <= 1024 + 1
+
+
+def test_status_snapshot_counts_work(engine: Engine) -> None:
+    snap = engine.snapshot()
+    assert snap.throughput.requests_served >= 1
+    assert snap.throughput.tokens_generated >= 1
+    assert snap.kv_cache_bytes > 0
