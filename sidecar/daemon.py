@@ -27,7 +27,8 @@ def engine_config(settings: Settings) -> EngineConfig:
     return EngineConfig(
         model_path=settings.model or default_model_path(),
         n_ctx=settings.ctx,
-        n_batch=min(settings.batch, settings.ctx),
+        n_seq=settings.parallel,
+        n_batch=settings.batch,
         threads_decode=threads,
         threads_prefill=threads,
         flash_attention=settings.flash_attention_flag,

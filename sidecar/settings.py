@@ -30,7 +30,8 @@ class Settings(BaseSettings):
     max_cpu_threads: int = Field(0, ge=0, le=4096, description="most CPU threads per forward pass; 0 = no cap")
     host: str = DEFAULT_HOST
     port: int = Field(DEFAULT_PORT, ge=0, le=65535)
-    ctx: int = Field(4096, ge=64, le=1 << 20, description="context tokens")
+    ctx: int = Field(4096, ge=64, le=1 << 20, description="context tokens per conversation")
+    parallel: int = Field(4, ge=1, le=256, description="conversations decoded together in one batch")
     batch: int = Field(512, ge=1, le=1 << 16, description="most prompt tokens per forward pass")
     threads: int = Field(0, ge=0, le=4096, description="CPU threads; 0 = one per physical core")
     flash_attention: Literal["auto", "on", "off"] = "auto"

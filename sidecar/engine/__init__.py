@@ -1,7 +1,8 @@
 """The engine: runs generation requests on a llama.cpp context and streams events back."""
 
 from sidecar.engine.config import EngineConfig
-from sidecar.engine.engine import Engine, EnginePhase, EngineSnapshot
+from sidecar.engine.engine import Engine, EngineSnapshot
+from sidecar.engine.phase import EnginePhase
 from sidecar.engine.requests import (
     Event,
     Finished,

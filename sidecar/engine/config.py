@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from sidecar.errors import InvalidArgument
@@ -12,31 +12,48 @@ from sidecar.errors import InvalidArgument
 class EngineConfig:
     """Engine settings.
 
-    n_ctx: tokens of KV cache (shared by all conversations while only one sequence exists).
-    n_batch: most prompt tokens per forward pass; longer prompts are prefilled in chunks.
-    threads_decode / threads_prefill: CPU threads for 1-token passes and for larger passes.
+    n_ctx: context per conversation (tokens of KV cache each sequence may hold).
+    n_seq: conversations held in the KV cache at once; more sessions than this are evicted to host
+        memory, least recently used first, and restored when they speak again.
+    n_batch: most tokens in one forward pass (prefill chunks plus decode tokens).
+    n_ubatch: most tokens llama.cpp computes at once inside a pass (the micro-batch).
+    tier_threads: (max_tokens, threads) pairs, ascending: a pass of n tokens runs with the threads
+        of the smallest tier holding n. Empty means threads_decode for 1 token, threads_prefill above.
     flash_attention: None lets llama.cpp decide per backend.
     """
 
     model_path: Path
     n_ctx: int = 4096
+    n_seq: int = 4
     n_batch: int = 512
+    n_ubatch: int = 0  # 0: same as n_batch
     threads_decode: int = 1
     threads_prefill: int = 1
+    tier_threads: tuple[tuple[int, int], ...] = field(default=())
     flash_attention: bool | None = None
     n_gpu_layers: int = 0
+    op_offload: bool = True
     max_sessions: int = 64
-    max_queue: int = 64
+    max_queue: int = 256
     max_prompt_tokens: int = 0  # 0: three quarters of the context, leaving room for the reply
     max_tokens_per_request: int = 2048
 
     def __post_init__(self) -> None:
         if not 64 <= self.n_ctx <= 1 << 20:
             raise InvalidArgument(f"context size {self.n_ctx} is out of range (64 .. 1048576)")
-        if not 1 <= self.n_batch <= self.n_ctx:
-            raise InvalidArgument(f"batch size {self.n_batch} must be between 1 and the context size")
+        if not 1 <= self.n_seq <= 256:
+            raise InvalidArgument(f"parallel conversations {self.n_seq} out of range (1 .. 256)")
+        if not 1 <= self.n_batch <= 1 << 16:
+            raise InvalidArgument(f"batch size {self.n_batch} out of range (1 .. 65536)")
+        if self.n_ubatch == 0:
+            object.__setattr__(self, "n_ubatch", self.n_batch)
+        if not 1 <= self.n_ubatch <= self.n_batch:
+            raise InvalidArgument("the micro-batch must be between 1 and the batch size")
         if self.threads_decode < 1 or self.threads_prefill < 1:
             raise InvalidArgument("thread counts must be at least 1")
+        if not self.tier_threads:
+            tiers = ((1, self.threads_decode), (self.n_batch, self.threads_prefill))
+            object.__setattr__(self, "tier_threads", tiers)
         if self.max_prompt_tokens == 0:
             object.__setattr__(self, "max_prompt_tokens", self.n_ctx * 3 // 4)
         if not 1 <= self.max_prompt_tokens < self.n_ctx:

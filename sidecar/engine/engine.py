@@ -1,70 +1,66 @@
-"""The engine: one llama.cpp context, driven by one thread, serving queued generation requests.
+"""The engine: continuous batching of many conversations over one llama.cpp context.
 
-The loop per request is assemble prompt -> reuse the KV prefix already computed -> prefill the
-rest in chunks -> sample, stream, decode one token at a time. Requests run one after another on
-sequence 0; continuous batching across sequences replaces this loop in a later issue, behind the
-same submit/sink interface.
+One thread owns llama.cpp. Each loop turn it admits queued requests into free sequences, builds
+one forward pass that carries every decoding sequence's next token plus prompt chunks of the
+sequences still prefilling, picks the thread count of that pass's token tier, decodes, and lets
+each sequence sample its own next token. Callers talk to it only through `submit` (thread-safe,
+never blocks) and the sink they pass, which the engine calls between passes and which must not
+block either.
 
-Everything that touches llama.cpp happens on the engine thread, so the C context never sees two
-callers at once. Callers talk to it through `submit` (thread-safe, never blocks) and receive events
-through their sink.
+Sessions keep an NPC's KV cache between turns in a sequence; when more sessions are live than the
+context has sequences, the least recently used idle one is saved to host memory and restored on
+its next turn. A reload (new placement after a budget change) saves every sequence the same way,
+builds the new model and context, restores, and carries on: no stream notices but for a pause.
 """
 
 from __future__ import annotations
 
-import enum
 import queue
 import threading
 import time
+from collections import deque
+from concurrent.futures import Future
 from dataclasses import dataclass
 
-import llama_cpp
 import structlog
 
 from sidecar.engine.config import EngineConfig
+from sidecar.engine.native_context import NativeContext
 from sidecar.engine.native_log import install_native_log_filter
 from sidecar.engine.native_model import ModelFacts, NativeModel
-from sidecar.engine.requests import (
-    Finished,
-    FinishReason,
-    GenerationSpec,
-    Job,
-    Sink,
-    TextDelta,
-    Timings,
-    Usage,
-)
+from sidecar.engine.phase import EnginePhase
+from sidecar.engine.requests import Finished, FinishReason, GenerationSpec, Job, Sink, TextDelta, Timings, Usage
 from sidecar.engine.sampling import SamplerChain
-from sidecar.engine.sessions import Session, SessionStore
+from sidecar.engine.sessions import Session, SessionStore, SessionView
+from sidecar.engine.slot import ActiveRequest, Slot
 from sidecar.engine.stats import ThroughputSnapshot, ThroughputStats
+from sidecar.engine.step import SequenceDemand, plan_step, threads_for
 from sidecar.engine.text_stream import TextStream
-from sidecar.errors import EngineFailure, InvalidArgument, ModelLoadError, ResourceExhausted, SidecarError, Unavailable
+from sidecar.errors import EngineFailure, InvalidArgument, ResourceExhausted, SidecarError, Unavailable
 
 log = structlog.get_logger("engine")
-
-SEQ = 0  # the one sequence this engine uses
-
-
-class EnginePhase(enum.Enum):
-    LOADING = "loading"
-    READY = "ready"
-    DRAINING = "draining"
-    STOPPED = "stopped"
 
 
 @dataclass(frozen=True)
 class EngineSnapshot:
-    """A consistent view of the engine for the status RPC."""
+    """A consistent-enough view of the engine for the status RPC."""
 
     phase: EnginePhase
     model: ModelFacts
     config: EngineConfig
     throughput: ThroughputSnapshot
-    sessions: list[Session]
+    sessions: list[SessionView]
     requests_active: int
     requests_queued: int
     kv_tokens: int
     kv_cache_bytes: int
+    last_reload_pause_ms: float
+
+
+@dataclass
+class _Reload:
+    config: EngineConfig
+    done: Future
 
 
 class Engine:
@@ -72,165 +68,253 @@ class Engine:
 
     def __init__(self, config: EngineConfig) -> None:
         install_native_log_filter()
-        self.config = config
         self.phase = EnginePhase.LOADING
-        self.model = NativeModel(config.model_path, n_gpu_layers=config.n_gpu_layers)
+        self.config = config
+        self.model, self._ctx = self._load(config)
         self.facts = self.model.facts()
-        self._ctx = self._create_context()
-        self._batch = llama_cpp.llama_batch_init(config.n_batch, 0, 1)
-        self._kv_tokens: list[int] = []  # exactly the tokens held in the KV cache for SEQ
-        self._kv_bytes_per_token = self._kv_bytes_per_token_f16()
+        self._kv_bytes_per_token = self.model.kv_bytes_per_token_f16()
+        self._slots = [Slot(seq) for seq in range(config.n_seq)]
         self.sessions = SessionStore(config.max_sessions)
         self.stats = ThroughputStats()
-        self._queue: queue.Queue[Job | None] = queue.Queue()
-        self._active: Job | None = None
+        self._inbox: queue.Queue[Job | _Reload | None] = queue.Queue()
+        self._waiting: deque[Job] = deque()
+        self._closing = False
+        self.last_reload_pause_ms = 0.0
         self._thread = threading.Thread(target=self._run, name="xlm-engine", daemon=True)
         self.phase = EnginePhase.READY
         self._thread.start()
 
-    def _kv_bytes_per_token_f16(self) -> int:
-        # K and V, every layer, one f16 vector of n_head_kv * head_dim each: what the cache holds.
-        m = self.model.ptr
-        head_dim = llama_cpp.llama_model_n_embd(m) // max(llama_cpp.llama_model_n_head(m), 1)
-        return 2 * llama_cpp.llama_model_n_layer(m) * llama_cpp.llama_model_n_head_kv(m) * head_dim * 2
-
-    def _create_context(self) -> object:
-        c = self.config
-        params = llama_cpp.llama_context_default_params()
-        params.n_ctx = c.n_ctx
-        params.n_batch = c.n_batch
-        params.n_ubatch = c.n_batch
-        params.n_seq_max = 1
-        params.n_threads = c.threads_decode
-        params.n_threads_batch = c.threads_prefill
-        params.no_perf = True
-        params.flash_attn_type = {
-            None: llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO,
-            True: llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED,
-            False: llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED,
-        }[c.flash_attention]
-        ctx = llama_cpp.llama_init_from_model(self.model.ptr, params)
-        if not ctx:
-            self.model.close()
-            raise ModelLoadError(f"llama.cpp could not create a context of {c.n_ctx} tokens for this model")
-        return ctx
+    @staticmethod
+    def _load(config: EngineConfig) -> tuple[NativeModel, NativeContext]:
+        model = NativeModel(config.model_path, n_gpu_layers=config.n_gpu_layers)
+        try:
+            ctx = NativeContext(
+                model,
+                n_seq=config.n_seq,
+                ctx_per_seq=config.n_ctx,
+                n_batch=config.n_batch,
+                n_ubatch=config.n_ubatch,
+                threads_decode=config.threads_decode,
+                threads_prefill=config.threads_prefill,
+                flash_attention=config.flash_attention,
+                op_offload=config.op_offload,
+            )
+        except BaseException:
+            model.close()
+            raise
+        return model, ctx
 
     # -- caller side (any thread) -----------------------------------------------------------------
 
     def submit(self, spec: GenerationSpec, sink: Sink) -> Job:
         """Queue a request. Events go to `sink` from the engine thread; it must not block.
 
-        Raises Unavailable while draining and ResourceExhausted when the queue is full.
+        Raises Unavailable while draining, ResourceExhausted when the queue is full, and
+        InvalidArgument for a max_tokens above the limit.
         """
-        if self.phase is not EnginePhase.READY:
+        if self._closing or self.phase is EnginePhase.STOPPED:
             raise Unavailable(f"the engine is {self.phase.value}")
-        if self._queue.qsize() >= self.config.max_queue:
+        if self._inbox.qsize() + len(self._waiting) >= self.config.max_queue:
             raise ResourceExhausted(f"{self.config.max_queue} requests are already waiting; try again shortly")
         if spec.max_tokens > self.config.max_tokens_per_request:
             raise InvalidArgument(f"max_tokens {spec.max_tokens} is above the limit {self.config.max_tokens_per_request}")
         job = Job(spec=spec, sink=sink)
-        self._queue.put(job)
+        self._inbox.put(job)
         return job
 
+    def reload(self, config: EngineConfig) -> Future:
+        """Switch to a new configuration (placement, threads) at the next step boundary, keeping every
+        conversation. The future resolves to the pause in milliseconds, or to the load error (then
+        the old configuration is back in force)."""
+        done: Future = Future()
+        if self._closing:
+            done.set_exception(Unavailable("the engine is shutting down"))
+            return done
+        self._inbox.put(_Reload(config, done))
+        return done
+
     def end_session(self, session_id: str) -> int:
-        """Forget a session's conversation; returns the tokens it held. NotFound if unknown."""
-        return self.sessions.end(session_id)
+        """Forget a session's conversation; returns the tokens it held. NotFound if unknown.
+        Its KV cells are dropped when the engine next reuses its sequence."""
+        return self.sessions.end(session_id).tokens
 
     def snapshot(self) -> EngineSnapshot:
-        n_kv = len(self._kv_tokens)
+        kv_tokens = sum(len(s.cached) for s in self._slots)
         return EngineSnapshot(
             phase=self.phase,
             model=self.facts,
             config=self.config,
             throughput=self.stats.snapshot(),
-            sessions=self.sessions.snapshot(),
-            requests_active=1 if self._active is not None else 0,
-            requests_queued=self._queue.qsize(),
-            kv_tokens=n_kv,
-            kv_cache_bytes=n_kv * self._kv_bytes_per_token,
+            sessions=self.sessions.views(),
+            requests_active=sum(1 for s in self._slots if s.busy),
+            requests_queued=self._inbox.qsize() + len(self._waiting),
+            kv_tokens=kv_tokens,
+            kv_cache_bytes=kv_tokens * self._kv_bytes_per_token,
+            last_reload_pause_ms=self.last_reload_pause_ms,
         )
 
     def close(self, timeout: float = 10.0) -> None:
-        """Cancel what is running, refuse what is queued, stop the thread and free llama.cpp memory."""
+        """Cancel what runs, refuse what waits, stop the thread and free llama.cpp memory."""
         if self.phase is EnginePhase.STOPPED:
             return
+        self._closing = True
         self.phase = EnginePhase.DRAINING
-        if self._active is not None:
-            self._active.cancel()
-        self._queue.put(None)
+        self._inbox.put(None)
         self._thread.join(timeout)
         if self._thread.is_alive():
             log.warning("engine thread did not stop in time; leaking its llama.cpp context")
             return
-        llama_cpp.llama_batch_free(self._batch)
-        llama_cpp.llama_free(self._ctx)
-        self._ctx = None
+        self._ctx.close()
         self.model.close()
         self.phase = EnginePhase.STOPPED
 
-    # -- engine thread ----------------------------------------------------------------------------
+    # -- engine thread: the loop ------------------------------------------------------------------
 
     def _run(self) -> None:
         while True:
-            job = self._queue.get()
-            if job is None:
-                break
-            if self.phase is not EnginePhase.READY:
-                job.sink(Unavailable("the daemon is shutting down"))
-                continue
-            self._active = job
+            busy = any(s.busy for s in self._slots)
             try:
-                self._serve(job)
-            except SidecarError as e:
-                job.sink(e)
-            except Exception as e:  # never let one request take the engine thread down
-                log.exception("request failed", request_id=job.spec.request_id)
-                job.sink(EngineFailure(f"internal error: {type(e).__name__}: {e}"))
-            finally:
-                self._active = None
-        # Refuse whatever is still queued so no caller waits forever.
+                item = self._inbox.get(block=not busy and not self._waiting_admissible())
+            except queue.Empty:
+                item = False  # nothing new; carry on stepping
+            if item is None:
+                break
+            if isinstance(item, Job):
+                self._waiting.append(item)
+                continue  # gather everything that arrived before composing the next pass
+            if isinstance(item, _Reload):
+                self._reload(item)
+                continue
+            self._admit()
+            if any(s.busy for s in self._slots):
+                self._step_safely()
+        self._shutdown()
+
+    def _waiting_admissible(self) -> bool:
+        return bool(self._waiting) and any(not s.busy for s in self._slots)
+
+    def _shutdown(self) -> None:
+        for slot in self._slots:
+            if slot.active is not None:
+                self._finish(slot, FinishReason.CANCELLED)
+        while self._waiting:
+            self._waiting.popleft().sink(Unavailable("the daemon is shutting down"))
         while True:
             try:
-                job = self._queue.get_nowait()
+                item = self._inbox.get_nowait()
             except queue.Empty:
                 break
-            if job is not None:
-                job.sink(Unavailable("the daemon is shutting down"))
+            if isinstance(item, Job):
+                item.sink(Unavailable("the daemon is shutting down"))
+            elif isinstance(item, _Reload):
+                item.done.set_exception(Unavailable("the daemon is shutting down"))
 
-    def _serve(self, job: Job) -> None:
+    # -- admission ----------------------------------------------------------------------------------
+
+    def _admit(self) -> None:
+        """Bind waiting requests to free sequences, in arrival order; a request whose session is
+        mid-turn elsewhere waits for that turn to end."""
+        still_waiting: deque[Job] = deque()
+        while self._waiting:
+            job = self._waiting.popleft()
+            if job.cancelled:
+                job.sink(_cancelled_before_start(job))
+                continue
+            slot = self._choose_slot(job)
+            if slot is None:
+                still_waiting.append(job)
+                continue
+            try:
+                self._start(job, slot)
+            except SidecarError as e:
+                job.sink(e)
+            except Exception as e:  # one bad request must not take the engine down
+                log.exception("request failed to start", request_id=job.spec.request_id)
+                job.sink(EngineFailure(f"internal error: {type(e).__name__}: {e}"))
+        self._waiting = still_waiting
+
+    def _choose_slot(self, job: Job) -> Slot | None:
+        sid = job.spec.session_id
+        if sid and any(s.busy and s.session_id == sid for s in self._slots):
+            return None  # one turn at a time per NPC
+        free = [s for s in self._slots if not s.busy]
+        if not free:
+            return None
+        if sid:
+            home = next((s for s in free if s.session_id == sid), None)
+            if home is not None:
+                return home
+        # Prefer a sequence no live session needs, then the least recently used session's.
+        unowned = [s for s in free if s.session_id is None or self.sessions.get(s.session_id) is None]
+        if unowned:
+            return max(unowned, key=lambda s: (_shared_prefix_hint(s, job), -s.last_used))
+        victim = min(free, key=lambda s: s.last_used)
+        self._evict(victim)
+        return victim
+
+    def _evict(self, slot: Slot) -> None:
+        """Move the sequence's session to host memory and free the sequence."""
+        session = self.sessions.get(slot.session_id) if slot.session_id else None
+        if session is not None and slot.cached:
+            session.saved_state = self._ctx.save(slot.seq)
+            session.saved_tokens = list(slot.cached)
+            log.debug("session evicted", session_id=session.session_id, tokens=len(slot.cached), bytes=len(session.saved_state))
+        if session is not None:
+            session.seq = None
+        self._ctx.clear(slot.seq)
+        slot.cached = []
+        slot.session_id = None
+
+    def _start(self, job: Job, slot: Slot) -> None:
         spec = job.spec
-        started = time.perf_counter()
-        if job.cancelled:
-            job.sink(self._finished(job, FinishReason.CANCELLED, 0, 0, 0, started, None, started))
-            return
         session = self.sessions.open(spec.session_id) if spec.session_id else None
         if session is not None and spec.reset_session:
             session.messages.clear()
             session.text = ""
+            session.saved_state, session.saved_tokens = None, []
         conversation, prompt_text = self._assemble(spec, session)
         tokens = self.model.tokenize(prompt_text, add_bos=True, parse_special=True)
         if len(tokens) > self.config.max_prompt_tokens:
             raise InvalidArgument(
                 f"the prompt is {len(tokens)} tokens; the limit is {self.config.max_prompt_tokens} (--max-prompt-tokens)"
             )
-
-        cached = self._prefill(tokens)
-        prefill_done = time.perf_counter()
-        if len(tokens) - cached > 0:
-            self.stats.record_prefill(len(tokens) - cached, prefill_done - started)
-
+        if slot.session_id != spec.session_id or not spec.session_id:
+            self._bind(slot, session)
+        common = _common_prefix(slot.cached, tokens)
+        if not self._ctx.truncate(slot.seq, common):
+            self._ctx.clear(slot.seq)
+            common = 0
+        del slot.cached[common:]
         sampler = SamplerChain(self.model.vocab, self.model.n_vocab, spec.sampling, spec.grammar)
-        try:
-            reason, generated, reply, first_token_at = self._generate(job, sampler)
-        finally:
-            sampler.close()
-        ended = time.perf_counter()
-        if first_token_at is not None and generated > 1:
-            self.stats.record_decode(generated - 1, ended - first_token_at)
-        self.stats.record_request()
-        if session is not None:
-            self._remember(session, spec, conversation, prompt_text, reply)
-        job.sink(self._finished(job, reason, len(tokens), cached, generated, started, first_token_at, ended, prefill_done))
+        slot.active = ActiveRequest(
+            job=job,
+            prompt_tokens=tokens,
+            cached_tokens=common,
+            sampler=sampler,
+            stream=TextStream(spec.stop),
+            session=session,
+            conversation=conversation,
+            prompt_text=prompt_text,
+            fed=common,
+        )
+
+    def _bind(self, slot: Slot, session: Session | None) -> None:
+        """Make `slot` hold `session`'s cache (restored from host memory if it was evicted), or
+        keep its leftovers for a one-off request that may share a prefix with them."""
+        if session is None:
+            if slot.session_id is not None:
+                self._ctx.clear(slot.seq)
+                slot.cached = []
+            slot.session_id = None
+            return
+        self._ctx.clear(slot.seq)
+        slot.cached = []
+        if session.saved_state is not None:
+            self._ctx.restore(slot.seq, session.saved_state)
+            slot.cached = list(session.saved_tokens)
+            session.saved_state, session.saved_tokens = None, []
+        slot.session_id = session.session_id
+        session.seq = slot.seq
 
     def _assemble(self, spec: GenerationSpec, session: Session | None) -> tuple[list[tuple[str, str]], str]:
         """The conversation (for chat) and the full prompt text, session history included."""
@@ -242,112 +326,181 @@ class Engine:
             return conversation, self.model.render_chat(conversation)
         return [], (session.text if session else "") + (p.text or "")
 
-    def _remember(self, session: Session, spec: GenerationSpec, conversation: list[tuple[str, str]], prompt_text: str, reply: str) -> None:
-        if spec.prompt.is_chat:
-            session.messages = conversation + [("assistant", reply)]
+    # -- one forward pass ---------------------------------------------------------------------------
+
+    def _step_safely(self) -> None:
+        try:
+            self._step()
+        except Exception as e:
+            # A failed pass leaves the KV cache of everything in it uncertain: end those requests,
+            # keep the engine. Their sequences are cleared so the next request starts clean.
+            error = e if isinstance(e, SidecarError) else EngineFailure(f"internal error: {type(e).__name__}: {e}")
+            if not isinstance(e, SidecarError):
+                log.exception("forward pass failed")
+            for slot in self._slots:
+                if slot.active is not None:
+                    slot.active.sampler.close()
+                    slot.active.job.sink(error)
+                    slot.active = None
+                    self._ctx.clear(slot.seq)
+                    slot.cached = []
+
+    def _step(self) -> None:
+        for slot in self._slots:
+            if slot.active is not None and slot.active.job.cancelled:
+                self._finish(slot, FinishReason.CANCELLED)
+        demands = [self._demand(s) for s in self._slots if s.active is not None]
+        if not demands:
+            return
+        plan = plan_step(demands, self.config.n_batch)
+        self._ctx.set_threads(threads_for(plan.n_tokens, self.config.tier_threads))
+        t0 = time.perf_counter()
+        self._ctx.decode(list(plan.entries))
+        elapsed = time.perf_counter() - t0
+        by_seq = {s.seq: s for s in self._slots}
+        decode_tokens = prefill_tokens = 0
+        for seq, n in plan.fed:
+            slot, active = by_seq[seq], by_seq[seq].active
+            if active.decoding:
+                slot.cached.append(active.next_token)
+                active.next_token = None
+                decode_tokens += n
+            else:
+                slot.cached.extend(active.prompt_tokens[active.fed : active.fed + n])
+                active.fed += n
+                prefill_tokens += n
+        if decode_tokens:
+            self.stats.record_decode(decode_tokens, elapsed * decode_tokens / plan.n_tokens)
+        if prefill_tokens:
+            self.stats.record_prefill(prefill_tokens, elapsed * prefill_tokens / plan.n_tokens)
+        now = time.perf_counter()
+        for seq, index in plan.logits_at:
+            self._sample(by_seq[seq], index, now)
+
+    def _demand(self, slot: Slot) -> SequenceDemand:
+        a = slot.active
+        if a.decoding:
+            return SequenceDemand(slot.seq, (a.next_token,), len(slot.cached), True)
+        return SequenceDemand(slot.seq, tuple(a.prompt_tokens[a.fed :]), len(slot.cached), False)
+
+    def _sample(self, slot: Slot, index: int, now: float) -> None:
+        a = slot.active
+        if a.prefill_done_at is None:
+            a.prefill_done_at = now
+        token = a.sampler.sample(self._ctx.ptr, index)
+        if a.first_token_at is None:
+            a.first_token_at = time.perf_counter()
+        if self.model.is_end_of_generation(token):
+            self._finish(slot, FinishReason.STOP)
+            return
+        a.generated += 1
+        chunk = a.stream.push(token, self.model.piece(token))
+        if chunk.text or chunk.token_ids:
+            a.reply.append(chunk.text)
+            a.job.sink(TextDelta(chunk.text, tuple(chunk.token_ids)))
+        if a.stream.stopped:
+            self._finish(slot, FinishReason.STOP_STRING)
+        elif a.generated >= a.job.spec.max_tokens:
+            self._finish(slot, FinishReason.LENGTH)
+        elif len(slot.cached) >= self._ctx.ctx_per_seq:
+            self._finish(slot, FinishReason.CONTEXT_FULL)
         else:
-            session.text = prompt_text + reply
-        session.tokens = len(self._kv_tokens)
-        session.last_used = time.time()
+            a.next_token = token
 
-    def _prefill(self, tokens: list[int]) -> int:
-        """Bring the KV cache to `tokens`, reusing the longest prefix already there. Returns how many
-        prompt tokens were reused. The last prompt token is always decoded again so its logits exist."""
-        common = 0
-        limit = min(len(tokens) - 1, len(self._kv_tokens))
-        while common < limit and tokens[common] == self._kv_tokens[common]:
-            common += 1
-        mem = llama_cpp.llama_get_memory(self._ctx)
-        if not llama_cpp.llama_memory_seq_rm(mem, SEQ, common, -1):
-            llama_cpp.llama_memory_clear(mem, True)
-            common = 0
-        self._kv_tokens = self._kv_tokens[:common]
-        for start in range(common, len(tokens), self.config.n_batch):
-            chunk = tokens[start : start + self.config.n_batch]
-            self._decode(chunk, start, logits_last=start + len(chunk) == len(tokens))
-        return common
-
-    def _decode(self, chunk: list[int], pos: int, *, logits_last: bool) -> None:
-        b = self._batch
-        for i, token in enumerate(chunk):
-            b.token[i] = token
-            b.pos[i] = pos + i
-            b.n_seq_id[i] = 1
-            b.seq_id[i][0] = SEQ
-            b.logits[i] = 0
-        if logits_last:
-            b.logits[len(chunk) - 1] = 1
-        b.n_tokens = len(chunk)
-        rc = llama_cpp.llama_decode(self._ctx, b)
-        if rc != 0:
-            # 1 means no KV slot was found: the context is full. Anything else is llama.cpp failing.
-            if rc == 1:
-                raise ResourceExhausted("the context is full")
-            raise EngineFailure(f"llama_decode returned {rc}")
-        self._kv_tokens.extend(chunk)
-
-    def _generate(self, job: Job, sampler: SamplerChain) -> tuple[FinishReason, int, str, float | None]:
-        """Sample and stream until a finish condition. Returns (reason, tokens generated, reply text,
-        time of the first token)."""
-        spec = job.spec
-        stream = TextStream(spec.stop)
-        reply: list[str] = []
-        generated = 0
-        first_token_at: float | None = None
-        reason = FinishReason.LENGTH
-        while generated < spec.max_tokens:
-            if job.cancelled:
-                reason = FinishReason.CANCELLED
-                break
-            token = sampler.sample(self._ctx)
-            if first_token_at is None:
-                first_token_at = time.perf_counter()
-            if self.model.is_end_of_generation(token):
-                reason = FinishReason.STOP
-                break
-            generated += 1
-            chunk = stream.push(token, self.model.piece(token))
-            if chunk.text or chunk.token_ids:
-                reply.append(chunk.text)
-                job.sink(TextDelta(chunk.text, tuple(chunk.token_ids)))
-            if stream.stopped:
-                reason = FinishReason.STOP_STRING
-                break
-            if len(self._kv_tokens) >= self.config.n_ctx:
-                reason = FinishReason.CONTEXT_FULL
-                break
-            if generated < spec.max_tokens:
-                self._decode([token], len(self._kv_tokens), logits_last=True)
-        if not stream.stopped:
-            tail = stream.finish()
+    def _finish(self, slot: Slot, reason: FinishReason) -> None:
+        a = slot.active
+        slot.active = None
+        slot.last_used = time.perf_counter()
+        a.sampler.close()
+        if not a.stream.stopped:
+            tail = a.stream.finish()
             if tail.text or tail.token_ids:
-                reply.append(tail.text)
-                job.sink(TextDelta(tail.text, tuple(tail.token_ids)))
-        return reason, generated, "".join(reply), first_token_at
+                a.reply.append(tail.text)
+                a.job.sink(TextDelta(tail.text, tuple(tail.token_ids)))
+        ended = time.perf_counter()
+        if a.session is not None and self.sessions.get(a.session.session_id) is a.session:
+            reply = "".join(a.reply)
+            if a.job.spec.prompt.is_chat:
+                a.session.messages = a.conversation + [("assistant", reply)]
+            else:
+                a.session.text = a.prompt_text + reply
+            a.session.tokens = len(slot.cached)
+            a.session.last_used = time.time()
+        self.stats.record_request()
+        a.job.sink(_finished(a, reason, ended))
 
-    @staticmethod
-    def _finished(
-        job: Job,
-        reason: FinishReason,
-        prompt_tokens: int,
-        cached: int,
-        generated: int,
-        started: float,
-        first_token_at: float | None,
-        ended: float,
-        prefill_done: float | None = None,
-    ) -> Finished:
-        prefill_s = (prefill_done - started) if prefill_done is not None else 0.0
-        decode_s = (ended - first_token_at) if first_token_at is not None else 0.0
-        return Finished(
-            reason=reason,
-            usage=Usage(prompt_tokens=prompt_tokens, cached_prompt_tokens=cached, completion_tokens=generated),
-            timings=Timings(
-                time_to_first_token_ms=((first_token_at or ended) - job.submitted_at) * 1000.0,
-                prefill_tokens_per_s=(prompt_tokens - cached) / prefill_s if prefill_s > 0 else 0.0,
-                decode_tokens_per_s=(generated - 1) / decode_s if generated > 1 and decode_s > 0 else 0.0,
-                total_ms=(ended - job.submitted_at) * 1000.0,
-                queued_ms=(started - job.submitted_at) * 1000.0,
-            ),
-            session_id=job.spec.session_id,
-        )
+    # -- reload ---------------------------------------------------------------------------------------
+
+    def _reload(self, request: _Reload) -> None:
+        """Save every sequence, rebuild model and context with the new configuration, restore."""
+        t0 = time.perf_counter()
+        self.phase = EnginePhase.RELOADING
+        saved = {s.seq: self._ctx.save(s.seq) for s in self._slots if s.cached}
+        old_config = self.config
+        self._ctx.close()
+        self.model.close()
+        try:
+            self.model, self._ctx = self._load(request.config)
+            self.config = request.config
+        except SidecarError as e:
+            log.error("reload failed; restoring the previous configuration", error=str(e))
+            self.model, self._ctx = self._load(old_config)
+            self._restore_all(saved)
+            self.phase = EnginePhase.READY
+            request.done.set_exception(e)
+            return
+        self._restore_all(saved)
+        self.phase = EnginePhase.READY
+        self.last_reload_pause_ms = (time.perf_counter() - t0) * 1000.0
+        log.info("reloaded", pause_ms=round(self.last_reload_pause_ms, 1), sequences=len(saved))
+        request.done.set_result(self.last_reload_pause_ms)
+
+    def _restore_all(self, saved: dict[int, bytes]) -> None:
+        for seq, state in saved.items():
+            self._ctx.restore(seq, state)
+
+
+def _common_prefix(cached: list[int], tokens: list[int]) -> int:
+    """Tokens of `tokens` already in the cache, leaving at least the last one to decode again
+    (its logits are what the first new token is sampled from)."""
+    limit = min(len(tokens) - 1, len(cached))
+    n = 0
+    while n < limit and cached[n] == tokens[n]:
+        n += 1
+    return n
+
+
+def _shared_prefix_hint(slot: Slot, job: Job) -> int:
+    # Cheap stand-in for "how much of this request's prompt the slot already holds": a one-off
+    # request with the same system prompt as the last one lands where that prompt is cached.
+    return len(slot.cached) if slot.session_id is None and not job.spec.session_id else 0
+
+
+def _cancelled_before_start(job: Job) -> Finished:
+    now = time.perf_counter()
+    waited = (now - job.submitted_at) * 1000.0
+    return Finished(
+        reason=FinishReason.CANCELLED,
+        usage=Usage(0, 0, 0),
+        timings=Timings(0.0, 0.0, 0.0, waited, waited),
+        session_id=job.spec.session_id,
+    )
+
+
+def _finished(a: ActiveRequest, reason: FinishReason, ended: float) -> Finished:
+    submitted = a.job.submitted_at
+    prefill_s = (a.prefill_done_at or ended) - a.started_at
+    new_prompt = len(a.prompt_tokens) - a.cached_tokens
+    decode_s = ended - a.first_token_at if a.first_token_at is not None else 0.0
+    return Finished(
+        reason=reason,
+        usage=Usage(prompt_tokens=len(a.prompt_tokens), cached_prompt_tokens=a.cached_tokens, completion_tokens=a.generated),
+        timings=Timings(
+            time_to_first_token_ms=((a.first_token_at or ended) - submitted) * 1000.0,
+            prefill_tokens_per_s=new_prompt / prefill_s if prefill_s > 0 and a.prefill_done_at else 0.0,
+            decode_tokens_per_s=(a.generated - 1) / decode_s if a.generated > 1 and decode_s > 0 else 0.0,
+            total_ms=(ended - submitted) * 1000.0,
+            queued_ms=(a.started_at - submitted) * 1000.0,
+        ),
+        session_id=a.job.spec.session_id,
+    )

@@ -103,6 +103,13 @@ class NativeModel:
             chat_template=self.chat_template,
         )
 
+    def kv_bytes_per_token_f16(self) -> int:
+        """KV-cache bytes one token takes: K and V, every layer, one f16 vector of
+        n_head_kv * head_dim each."""
+        m = self.ptr
+        head_dim = llama_cpp.llama_model_n_embd(m) // max(llama_cpp.llama_model_n_head(m), 1)
+        return 2 * llama_cpp.llama_model_n_layer(m) * llama_cpp.llama_model_n_head_kv(m) * head_dim * 2
+
     # -- tokens -----------------------------------------------------------------------------------
 
     def tokenize(self, text: str, *, add_bos: bool, parse_special: bool) -> list[int]:

@@ -13,17 +13,36 @@ MAX_SESSION_ID_LENGTH = 128
 
 @dataclass
 class Session:
-    """A conversation so far: chat messages, or raw text for prompt-mode sessions (never both)."""
+    """A conversation so far: chat messages, or raw text for prompt-mode sessions (never both).
+
+    Its KV cache lives either in a sequence of the context (`seq` set) or, once evicted, in host
+    memory (`saved_state` with the tokens it holds in `saved_tokens`), or nowhere (new, or its
+    cache was dropped) and is then rebuilt from the text on its next turn.
+    """
 
     session_id: str
     messages: list[tuple[str, str]] = field(default_factory=list)
     text: str = ""
     tokens: int = 0
     last_used: float = field(default_factory=time.time)
+    seq: int | None = None
+    saved_state: bytes | None = None
+    saved_tokens: list[int] = field(default_factory=list)
 
     @property
     def is_empty(self) -> bool:
         return not self.messages and not self.text
+
+
+@dataclass(frozen=True)
+class SessionView:
+    """A session as the status RPC shows it."""
+
+    session_id: str
+    tokens: int
+    last_used: float
+    in_kv_cache: bool
+    host_bytes: int
 
 
 class SessionStore:
@@ -50,14 +69,21 @@ class SessionStore:
             session.last_used = time.time()
             return session
 
-    def end(self, session_id: str) -> int:
-        """Forget a session; returns the tokens of conversation it held. NotFound if unknown."""
+    def get(self, session_id: str) -> Session | None:
+        with self._lock:
+            return self._sessions.get(session_id)
+
+    def end(self, session_id: str) -> Session:
+        """Forget a session and return it (its tokens, its sequence). NotFound if unknown."""
         with self._lock:
             session = self._sessions.pop(session_id, None)
         if session is None:
             raise NotFound(f"no session {session_id!r}")
-        return session.tokens
+        return session
 
-    def snapshot(self) -> list[Session]:
+    def views(self) -> list[SessionView]:
         with self._lock:
-            return [Session(s.session_id, list(s.messages), s.text, s.tokens, s.last_used) for s in self._sessions.values()]
+            return [
+                SessionView(s.session_id, s.tokens, s.last_used, s.seq is not None, len(s.saved_state or b""))
+                for s in self._sessions.values()
+            ]

@@ -93,7 +93,12 @@ def budget_to_pb(b: Budget) -> pb.Budget:
     return pb.Budget(vram_bytes=b.vram_bytes, max_cpu_threads=b.max_cpu_threads)
 
 
-_PHASE = {"loading": pb.ENGINE_PHASE_LOADING, "ready": pb.ENGINE_PHASE_READY, "draining": pb.ENGINE_PHASE_DRAINING}
+_PHASE = {
+    "loading": pb.ENGINE_PHASE_LOADING,
+    "ready": pb.ENGINE_PHASE_READY,
+    "reloading": pb.ENGINE_PHASE_RELOADING,
+    "draining": pb.ENGINE_PHASE_DRAINING,
+}
 
 
 def phase_to_pb(phase_name: str) -> int:
@@ -148,7 +153,7 @@ def status_to_pb(
                 session_id=s.session_id,
                 tokens=s.tokens,
                 last_used_unix_ms=int(s.last_used * 1000),
-                in_kv_cache=True,
+                in_kv_cache=s.in_kv_cache,
             )
             for s in snap.sessions
         ],

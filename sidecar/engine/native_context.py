@@ -1,0 +1,122 @@
+"""A llama.cpp context with several sequences: batched decode, per-sequence KV edits and state.
+
+Only the engine thread may call into one of these; llama.cpp contexts are not thread-safe.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+
+import llama_cpp
+
+from sidecar.engine.native_model import NativeModel
+from sidecar.errors import EngineFailure, ModelLoadError, ResourceExhausted
+
+_FLASH = {
+    None: llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO,
+    True: llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+    False: llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED,
+}
+
+
+@dataclass(frozen=True)
+class BatchEntry:
+    """One token of a forward pass: which sequence, at which position, and whether its logits are needed."""
+
+    token: int
+    pos: int
+    seq: int
+    logits: bool
+
+
+class NativeContext:
+    """Owns a llama_context and one reusable llama_batch.
+
+    Each sequence gets its own KV stream of `ctx_per_seq` cells (kv_unified off): conversations
+    rarely share a prefix, and a unified cache would make every token attend over every
+    conversation's cells.
+    """
+
+    def __init__(
+        self,
+        model: NativeModel,
+        *,
+        n_seq: int,
+        ctx_per_seq: int,
+        n_batch: int,
+        n_ubatch: int,
+        threads_decode: int,
+        threads_prefill: int,
+        flash_attention: bool | None,
+        op_offload: bool = True,
+    ) -> None:
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx = ctx_per_seq * n_seq
+        params.n_batch = n_batch
+        params.n_ubatch = n_ubatch
+        params.n_seq_max = n_seq
+        params.n_threads = threads_decode
+        params.n_threads_batch = threads_prefill
+        params.kv_unified = False
+        params.no_perf = True
+        params.op_offload = op_offload
+        params.flash_attn_type = _FLASH[flash_attention]
+        self.ptr = llama_cpp.llama_init_from_model(model.ptr, params)
+        if not self.ptr:
+            raise ModelLoadError(f"llama.cpp could not create a context of {n_seq} x {ctx_per_seq} tokens")
+        self.n_seq = n_seq
+        self.ctx_per_seq = int(llama_cpp.llama_n_ctx_seq(self.ptr))
+        self.n_batch = n_batch
+        self._batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
+        self._memory = llama_cpp.llama_get_memory(self.ptr)
+        self._threads = (threads_decode, threads_prefill)
+
+    def set_threads(self, threads: int) -> None:
+        """Threads for the next forward passes (both phases: the engine picks per pass by its tier)."""
+        if self._threads != (threads, threads):
+            llama_cpp.llama_set_n_threads(self.ptr, threads, threads)
+            self._threads = (threads, threads)
+
+    def decode(self, entries: list[BatchEntry]) -> None:
+        """Run one forward pass. ResourceExhausted when the KV cache has no room, EngineFailure otherwise."""
+        b = self._batch
+        for i, e in enumerate(entries):
+            b.token[i] = e.token
+            b.pos[i] = e.pos
+            b.n_seq_id[i] = 1
+            b.seq_id[i][0] = e.seq
+            b.logits[i] = e.logits
+        b.n_tokens = len(entries)
+        rc = llama_cpp.llama_decode(self.ptr, b)
+        if rc == 1:
+            raise ResourceExhausted("the context is full")
+        if rc != 0:
+            raise EngineFailure(f"llama_decode returned {rc}")
+
+    def truncate(self, seq: int, keep: int) -> bool:
+        """Drop the sequence's cells from position `keep` on. False if llama.cpp cannot (then clear it)."""
+        return bool(llama_cpp.llama_memory_seq_rm(self._memory, seq, keep, -1))
+
+    def clear(self, seq: int) -> None:
+        llama_cpp.llama_memory_seq_rm(self._memory, seq, -1, -1)
+
+    def save(self, seq: int) -> bytes:
+        """The sequence's KV state as bytes (host memory), for eviction or a reload."""
+        size = llama_cpp.llama_state_seq_get_size(self.ptr, seq)
+        buf = (ctypes.c_uint8 * size)()
+        written = llama_cpp.llama_state_seq_get_data(self.ptr, buf, size, seq)
+        return bytes(buf[:written])
+
+    def restore(self, seq: int, state: bytes) -> None:
+        """Load a state saved by `save` (from this or another context on an equal model) into `seq`."""
+        self.clear(seq)
+        buf = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
+        if llama_cpp.llama_state_seq_set_data(self.ptr, buf, len(state), seq) == 0:
+            raise EngineFailure("llama.cpp refused a saved sequence state")
+
+    def close(self) -> None:
+        if self.ptr:
+            llama_cpp.llama_batch_free(self._batch)
+            llama_cpp.llama_free(self.ptr)
+            self.ptr = None

@@ -1,0 +1,52 @@
+"""A sequence of the llama.cpp context and the request it is serving."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from sidecar.engine.requests import Job
+from sidecar.engine.sampling import SamplerChain
+from sidecar.engine.sessions import Session
+from sidecar.engine.text_stream import TextStream
+
+
+@dataclass
+class ActiveRequest:
+    """A request bound to a sequence: its prompt, how far prefill got, what it generated."""
+
+    job: Job
+    prompt_tokens: list[int]
+    cached_tokens: int
+    sampler: SamplerChain
+    stream: TextStream
+    session: Session | None
+    conversation: list[tuple[str, str]]
+    prompt_text: str
+    started_at: float = field(default_factory=time.perf_counter)
+    fed: int = 0  # prompt tokens in the KV cache so far
+    next_token: int | None = None  # sampled, not yet decoded
+    generated: int = 0
+    reply: list[str] = field(default_factory=list)
+    prefill_done_at: float | None = None
+    first_token_at: float | None = None
+
+    @property
+    def decoding(self) -> bool:
+        return self.next_token is not None
+
+
+@dataclass
+class Slot:
+    """One sequence id. `cached` is exactly the tokens its KV cache holds; `session_id` names the
+    session whose conversation that is (None for a one-off request's leftovers)."""
+
+    seq: int
+    cached: list[int] = field(default_factory=list)
+    session_id: str | None = None
+    active: ActiveRequest | None = None
+    last_used: float = 0.0
+
+    @property
+    def busy(self) -> bool:
+        return self.active is not None

@@ -1,0 +1,73 @@
+"""Compose one forward pass from what each active sequence needs. Pure: no llama.cpp here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sidecar.engine.native_context import BatchEntry
+
+
+@dataclass(frozen=True)
+class SequenceDemand:
+    """What one active sequence wants from the next forward pass.
+
+    tokens: tokens not yet in its KV cache (one sampled token while decoding; the rest of the
+    prompt while prefilling). start_pos: the position of tokens[0].
+    """
+
+    seq: int
+    tokens: tuple[int, ...]
+    start_pos: int
+    decoding: bool
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """A forward pass: its entries, how many tokens each sequence feeds, and where the logits
+    each sequence will sample from sit in the batch."""
+
+    entries: tuple[BatchEntry, ...]
+    fed: tuple[tuple[int, int], ...]
+    logits_at: tuple[tuple[int, int], ...]
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.entries)
+
+
+def plan_step(demands: list[SequenceDemand], n_batch: int) -> StepPlan:
+    """Fill one pass of at most `n_batch` tokens: every decoding sequence's token first (a player
+    waiting mid-sentence notices a stall more than a slower start), then prompt chunks in the
+    order given, the last one cut to fit. A prompt chunk asks for logits only when it ends the
+    prompt, since only then is there a next token to sample."""
+    entries: list[BatchEntry] = []
+    fed: list[tuple[int, int]] = []
+    logits_at: list[tuple[int, int]] = []
+    for d in (d for d in demands if d.decoding):
+        if len(entries) >= n_batch:
+            break
+        logits_at.append((d.seq, len(entries)))
+        entries.append(BatchEntry(d.tokens[0], d.start_pos, d.seq, True))
+        fed.append((d.seq, 1))
+    for d in (d for d in demands if not d.decoding):
+        room = n_batch - len(entries)
+        if room <= 0:
+            break
+        take = min(room, len(d.tokens))
+        ends_prompt = take == len(d.tokens)
+        for i in range(take):
+            last = ends_prompt and i == take - 1
+            if last:
+                logits_at.append((d.seq, len(entries)))
+            entries.append(BatchEntry(d.tokens[i], d.start_pos + i, d.seq, last))
+        fed.append((d.seq, take))
+    return StepPlan(tuple(entries), tuple(fed), tuple(logits_at))
+
+
+def threads_for(n_tokens: int, tier_threads: tuple[tuple[int, int], ...]) -> int:
+    """Threads of the smallest tier that holds `n_tokens` ((max_tokens, threads) pairs, ascending);
+    the largest tier's for anything bigger."""
+    for max_tokens, threads in tier_threads:
+        if n_tokens <= max_tokens:
+            return threads
+    return tier_threads[-1][1]

@@ -1,0 +1,35 @@
+"""Composition of one forward pass (pure)."""
+
+from sidecar.engine.step import SequenceDemand, plan_step, threads_for
+
+
+def test_decode_tokens_go_first_and_prompts_fill_the_rest() -> None:
+    demands = [
+        SequenceDemand(seq=0, tokens=tuple(range(100, 110)), start_pos=0, decoding=False),
+        SequenceDemand(seq=1, tokens=(7,), start_pos=42, decoding=True),
+        SequenceDemand(seq=2, tokens=(8,), start_pos=5, decoding=True),
+    ]
+    plan = plan_step(demands, n_batch=6)
+    assert [(e.seq, e.pos) for e in plan.entries[:2]] == [(1, 42), (2, 5)]
+    assert plan.n_tokens == 6
+    assert dict(plan.fed) == {1: 1, 2: 1, 0: 4}
+    # The prompt is cut, so it asks for no logits yet; the decoding sequences do.
+    assert dict(plan.logits_at) == {1: 0, 2: 1}
+    assert [e.logits for e in plan.entries] == [True, True, False, False, False, False]
+
+
+def test_a_prompt_that_ends_in_this_pass_asks_for_its_last_logits() -> None:
+    plan = plan_step([SequenceDemand(3, (1, 2, 3), 10, False)], n_batch=512)
+    assert [(e.token, e.pos, e.logits) for e in plan.entries] == [(1, 10, False), (2, 11, False), (3, 12, True)]
+    assert plan.logits_at == ((3, 2),)
+
+
+def test_more_decoders_than_the_batch_holds_wait_their_turn() -> None:
+    demands = [SequenceDemand(i, (i,), 0, True) for i in range(5)]
+    plan = plan_step(demands, n_batch=3)
+    assert [seq for seq, _ in plan.fed] == [0, 1, 2]
+
+
+def test_threads_follow_the_smallest_tier_holding_the_pass() -> None:
+    tiers = ((1, 2), (16, 4), (512, 8))
+    assert [threads_for(n, tiers) for n in (1, 2, 16, 17, 512, 4096)] == [2, 4, 4, 8, 8, 8]
