@@ -20,6 +20,8 @@ class EngineConfig:
     tier_threads: (max_tokens, threads) pairs, ascending: a pass of n tokens runs with the threads
         of the smallest tier holding n. Empty means threads_decode for 1 token, threads_prefill above.
     flash_attention: None lets llama.cpp decide per backend.
+    n_gpu_layers, tensor_overrides, op_offload, kv_on_gpu: where weights, KV cache and the
+        operations on host-resident weights live (the schedule's placement).
     """
 
     model_path: Path
@@ -32,7 +34,10 @@ class EngineConfig:
     tier_threads: tuple[tuple[int, int], ...] = field(default=())
     flash_attention: bool | None = None
     n_gpu_layers: int = 0
+    # (regex, "CPU" | ggml device name) pairs, first match wins: the planner's sub-layer placement.
+    tensor_overrides: tuple[tuple[str, str], ...] = ()
     op_offload: bool = True
+    kv_on_gpu: bool = True
     max_sessions: int = 64
     max_queue: int = 256
     max_prompt_tokens: int = 0  # 0: three quarters of the context, leaving room for the reply

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import structlog
 
 from sidecar.engine.config import EngineConfig
+from sidecar.engine.load_report import LoadReport, parse_load_log
 from sidecar.engine.native_context import NativeContext
 from sidecar.engine.native_log import install_native_log_filter
 from sidecar.engine.native_model import ModelFacts, NativeModel
@@ -55,6 +56,7 @@ class EngineSnapshot:
     kv_tokens: int
     kv_cache_bytes: int
     last_reload_pause_ms: float
+    load_report: LoadReport
 
 
 @dataclass
@@ -71,6 +73,7 @@ class Engine:
         self.phase = EnginePhase.LOADING
         self.config = config
         self.model, self._ctx = self._load(config)
+        self.load_report = parse_load_log(self.model.load_log + self._ctx.load_log)
         self.facts = self.model.facts()
         self._kv_bytes_per_token = self.model.kv_bytes_per_token_f16()
         self._slots = [Slot(seq) for seq in range(config.n_seq)]
@@ -86,7 +89,9 @@ class Engine:
 
     @staticmethod
     def _load(config: EngineConfig) -> tuple[NativeModel, NativeContext]:
-        model = NativeModel(config.model_path, n_gpu_layers=config.n_gpu_layers)
+        model = NativeModel(
+            config.model_path, n_gpu_layers=config.n_gpu_layers, tensor_overrides=config.tensor_overrides
+        )
         try:
             ctx = NativeContext(
                 model,
@@ -98,6 +103,7 @@ class Engine:
                 threads_prefill=config.threads_prefill,
                 flash_attention=config.flash_attention,
                 op_offload=config.op_offload,
+                kv_on_gpu=config.kv_on_gpu,
             )
         except BaseException:
             model.close()
@@ -151,6 +157,7 @@ class Engine:
             kv_tokens=kv_tokens,
             kv_cache_bytes=kv_tokens * self._kv_bytes_per_token,
             last_reload_pause_ms=self.last_reload_pause_ms,
+            load_report=self.load_report,
         )
 
     def close(self, timeout: float = 10.0) -> None:
@@ -442,6 +449,7 @@ class Engine:
         try:
             self.model, self._ctx = self._load(request.config)
             self.config = request.config
+            self.load_report = parse_load_log(self.model.load_log + self._ctx.load_log)
         except SidecarError as e:
             log.error("reload failed; restoring the previous configuration", error=str(e))
             self.model, self._ctx = self._load(old_config)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import llama_cpp
 
+from sidecar.engine.native_log import capture_native_log
 from sidecar.engine.native_model import NativeModel
 from sidecar.errors import EngineFailure, ModelLoadError, ResourceExhausted
 
@@ -50,6 +51,7 @@ class NativeContext:
         threads_prefill: int,
         flash_attention: bool | None,
         op_offload: bool = True,
+        kv_on_gpu: bool = True,
     ) -> None:
         params = llama_cpp.llama_context_default_params()
         params.n_ctx = ctx_per_seq * n_seq
@@ -61,8 +63,11 @@ class NativeContext:
         params.kv_unified = False
         params.no_perf = True
         params.op_offload = op_offload
+        params.offload_kqv = kv_on_gpu
         params.flash_attn_type = _FLASH[flash_attention]
-        self.ptr = llama_cpp.llama_init_from_model(model.ptr, params)
+        with capture_native_log() as context_log:
+            self.ptr = llama_cpp.llama_init_from_model(model.ptr, params)
+        self.load_log = context_log
         if not self.ptr:
             raise ModelLoadError(f"llama.cpp could not create a context of {n_seq} x {ctx_per_seq} tokens")
         self.n_seq = n_seq

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import ctypes
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import llama_cpp
 import structlog
@@ -17,6 +19,7 @@ log = structlog.get_logger("llama.cpp")
 # ggml_log_level: 0 none, 1 debug, 2 info, 3 warn, 4 error, 5 cont(inuation of the previous line).
 _LEVEL_NAMES = {1: "debug", 2: "info", 3: "warning", 4: "error"}
 _installed: list[object] = []  # keeps the ctypes callback alive for the life of the process
+_captures: list[list[str]] = []  # open capture_native_log() blocks receive every line
 
 
 def install_native_log_filter() -> None:
@@ -33,6 +36,10 @@ def install_native_log_filter() -> None:
         if level == 5:  # continuation lines belong to the previous line's level
             level = last_level[0]
         last_level[0] = level
+        if _captures:
+            line = text.decode("utf-8", errors="replace")
+            for capture in _captures:
+                capture.append(line)
         if level < threshold:
             return
         message = text.decode("utf-8", errors="replace").rstrip()
@@ -41,3 +48,19 @@ def install_native_log_filter() -> None:
 
     _installed.append(forward)
     llama_cpp.llama_log_set(forward, ctypes.c_void_p(0))
+
+
+@contextmanager
+def capture_native_log() -> Iterator[list[str]]:
+    """Collect every llama.cpp log line (any level) emitted inside the block.
+
+    llama.cpp reports where it put tensors and how large each buffer is only in its load log;
+    the executor reads that report to check the placement it asked for.
+    """
+    install_native_log_filter()
+    lines: list[str] = []
+    _captures.append(lines)
+    try:
+        yield lines
+    finally:
+        _captures.remove(lines)

@@ -15,6 +15,8 @@ from pathlib import Path
 import llama_cpp
 
 from sidecar.engine.chat_template import TemplateError, render_jinja_template
+from sidecar.engine.native_log import capture_native_log
+from sidecar.engine.tensor_overrides import TensorOverrides
 from sidecar.errors import InvalidArgument, ModelLoadError
 
 GGUF_MAGIC = b"GGUF"
@@ -53,14 +55,27 @@ def check_gguf_file(path: Path) -> None:
 class NativeModel:
     """Owns one llama_model; frees it on close(). Contexts are created on top of it by the engine."""
 
-    def __init__(self, path: Path, *, n_gpu_layers: int = 0, use_mmap: bool = True) -> None:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        n_gpu_layers: int = 0,
+        tensor_overrides: tuple[tuple[str, str], ...] = (),
+        use_mmap: bool = True,
+    ) -> None:
+        """Load `path`. n_gpu_layers: whole layers to place on the GPU (before the overrides);
+        tensor_overrides: (regex, "CPU" | ggml device name) pairs, first match wins."""
         check_gguf_file(path)
         llama_cpp.llama_backend_init()
         params = llama_cpp.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers
         params.use_mmap = use_mmap
+        overrides = TensorOverrides(tensor_overrides)
+        params.tensor_buft_overrides = overrides.pointer
         self.path = path
-        self.ptr = llama_cpp.llama_model_load_from_file(os.fsencode(path), params)
+        with capture_native_log() as load_log:
+            self.ptr = llama_cpp.llama_model_load_from_file(os.fsencode(path), params)
+        self.load_log = load_log
         if not self.ptr:
             raise ModelLoadError(
                 f"llama.cpp could not load {path}: the file may be truncated, of an unsupported "

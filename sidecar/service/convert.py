@@ -16,6 +16,7 @@ from sidecar.engine import (
     SamplingConfig,
     json_schema_grammar,
 )
+from sidecar.engine.load_report import is_vram
 from sidecar.errors import InvalidArgument
 
 DEFAULT_MAX_TOKENS = 256
@@ -136,7 +137,10 @@ def status_to_pb(
         schedule=pb.Schedule(micro_batch=c.n_batch, kv_type="f16"),
         memory=pb.MemoryUse(
             host_resident_bytes=host_resident_bytes,
-            model_host_bytes=m.file_bytes,
+            # As llama.cpp reported its buffers at load: model weights by where they live.
+            model_host_bytes=sum(n for b, n in snap.load_report.model_bytes.items() if not is_vram(b)),
+            model_vram_bytes=sum(n for b, n in snap.load_report.model_bytes.items() if is_vram(b)),
+            vram_used_bytes=snap.load_report.vram_bytes(),
             kv_cache_bytes=snap.kv_cache_bytes,
         ),
         throughput=pb.Throughput(
