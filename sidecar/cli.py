@@ -39,6 +39,17 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-tokens-per-request", type=int, help="largest max_tokens accepted (default 2048)")
     p.add_argument("--max-message-bytes", type=int, help="largest gRPC message (default 8 MiB)")
     p.add_argument("--stream-interval-ms", type=float, help="least time between two chunks of a stream (default 16, one frame)")
+    # Transports, auth and lifecycle (sidecar.service.transports, sidecar.lifecycle).
+    p.add_argument("--socket", type=Path, help="serve gRPC on this Unix socket (owner-only) instead of TCP")
+    p.add_argument("--ws-port", type=int, help="WebSocket bridge port (default --port + 1; 0 picks a free one; -1 disables it)")
+    p.add_argument("--no-websocket", dest="ws_port", action="store_const", const=-1, help="do not serve the WebSocket bridge")
+    p.add_argument("--allow-remote", action="store_true", default=None, help="accept calls from other machines (a token is required)")
+    p.add_argument("--no-auth", action="store_true", default=None, help="accept calls without a token (local development only)")
+    p.add_argument("--token-file", type=Path, help="write the token here, owner-only (default: the user's runtime folder); "
+                   "the token is XLM_SIDECAR_TOKEN if the launcher sets it, else random per launch")
+    p.add_argument("--parent-pid", type=int, help="exit when this process (the game) ends")
+    p.add_argument("--grace-seconds", type=float, help="how long calls in flight may finish after SIGTERM/SIGINT (default 5)")
+    p.add_argument("--max-image-bytes", type=int, help="largest image AskImage accepts (default 32 MiB)")
     p.add_argument("--log-format", choices=("auto", "console", "json"))
     p.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
     p.set_defaults(run=_run_serve)
@@ -47,6 +58,8 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
 def _add_client_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--address", default=None, help="daemon address (default 127.0.0.1:50551)")
     p.add_argument("--timeout", type=float, default=None, help="seconds before giving up")
+    p.add_argument("--token", default=None, help="the daemon's token (default: XLM_SIDECAR_TOKEN, else the daemon's token file)")
+    p.add_argument("--token-file", type=Path, default=None, help="read the daemon's token from this file")
 
 
 def _add_chat(sub: argparse._SubParsersAction) -> None:
@@ -134,7 +147,7 @@ def _run_serve(args: argparse.Namespace) -> int:
 def _client(args: argparse.Namespace):
     from sidecar.client import DEFAULT_ADDRESS, SidecarClient
 
-    return SidecarClient(args.address or DEFAULT_ADDRESS, timeout_s=args.timeout)
+    return SidecarClient(args.address or DEFAULT_ADDRESS, timeout_s=args.timeout, token=args.token, token_file=args.token_file)
 
 
 def _rpc_failure(e: grpc.RpcError, address: str) -> int:

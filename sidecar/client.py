@@ -6,10 +6,14 @@
             print(piece, end="", flush=True)
 
 Errors arrive as grpc.RpcError with the status codes documented in proto/xlm/v1/sidecar.proto.
+Every call carries the daemon's token: `token=`, else XLM_SIDECAR_TOKEN, else the token file the
+daemon wrote for that port or socket (`token_file=` to name another).
 """
 
 from __future__ import annotations
 
+import collections
+import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -17,6 +21,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from sidecar.api import pb, rpc
+from sidecar.service.auth import METADATA_KEY, bearer, find_token
 from sidecar.settings import DEFAULT_HOST, DEFAULT_PORT, format_address
 
 DEFAULT_ADDRESS = format_address(DEFAULT_HOST, DEFAULT_PORT)
@@ -34,10 +39,22 @@ class Reply:
 class SidecarClient:
     """Blocking client over one gRPC channel. Thread-safe, as gRPC channels are."""
 
-    def __init__(self, address: str = DEFAULT_ADDRESS, *, timeout_s: float | None = None) -> None:
+    def __init__(
+        self,
+        address: str = DEFAULT_ADDRESS,
+        *,
+        timeout_s: float | None = None,
+        token: str | None = None,
+        token_file: str | os.PathLike[str] | None = None,
+    ) -> None:
         self.address = address
         self.timeout_s = timeout_s
-        self._channel = grpc.insecure_channel(address)
+        self.token = token if token is not None else find_token(address, token_file)
+        channel = grpc.insecure_channel(address)
+        self._raw_channel = channel
+        if self.token:
+            channel = grpc.intercept_channel(channel, _TokenInterceptor(self.token))
+        self._channel = channel
         self._stub = rpc.SidecarStub(self._channel)
 
     def __enter__(self) -> SidecarClient:
@@ -47,7 +64,7 @@ class SidecarClient:
         self.close()
 
     def close(self) -> None:
-        self._channel.close()
+        self._raw_channel.close()
 
     def wait_ready(self, timeout_s: float = 30.0) -> None:
         """Block until the daemon answers its health check as SERVING; raise grpc.RpcError if not in time."""
@@ -124,3 +141,29 @@ class SidecarClient:
             yield from call
         finally:
             call.cancel()
+
+
+class _CallDetails(
+    collections.namedtuple("_CallDetails", ("method", "timeout", "metadata", "credentials", "wait_for_ready", "compression")),
+    grpc.ClientCallDetails,
+):
+    pass
+
+
+class _TokenInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
+    """Adds `authorization: Bearer <token>` to every call made on the channel."""
+
+    def __init__(self, token: str) -> None:
+        self._header = (METADATA_KEY, bearer(token))
+
+    def _with_token(self, details: grpc.ClientCallDetails) -> grpc.ClientCallDetails:
+        metadata = [*(details.metadata or ()), self._header]
+        return _CallDetails(
+            details.method, details.timeout, metadata, details.credentials, details.wait_for_ready, details.compression
+        )
+
+    def intercept_unary_unary(self, continuation, client_call_details, request):
+        return continuation(self._with_token(client_call_details), request)
+
+    def intercept_unary_stream(self, continuation, client_call_details, request):
+        return continuation(self._with_token(client_call_details), request)

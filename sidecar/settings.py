@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Literal
 
 import psutil
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from sidecar.budget import Budget, parse_size
@@ -42,6 +42,19 @@ class Settings(BaseSettings):
     stream_interval_ms: float = Field(16.0, ge=0, le=1000, description="least time between two chunks of a stream")
     log_format: Literal["auto", "console", "json"] = "auto"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    # Transport and lifecycle (sidecar.service.transports, sidecar.lifecycle).
+    socket: Path | None = Field(None, description="serve gRPC on this Unix socket (owner-only) instead of TCP")
+    ws_port: int | None = Field(
+        None, ge=-1, le=65535, description="WebSocket bridge port; default --port + 1 (0 with --port 0); 0 picks a free one; -1 disables it"
+    )
+    allow_remote: bool = Field(False, description="accept calls from other machines (needs a token; refuses --no-auth)")
+    no_auth: bool = Field(False, description="accept calls without a token (local development only)")
+    # Only from the environment (XLM_SIDECAR_TOKEN, set by the launching game): a flag would show in `ps`.
+    token: SecretStr | None = Field(None, description="the token calls must carry; default: a random one per launch")
+    token_file: Path | None = Field(None, description="where to write the token (owner-only); default: in the user's runtime folder")
+    parent_pid: int | None = Field(None, ge=1, description="exit when this process (the game) ends")
+    grace_seconds: float = Field(5.0, ge=0, le=3600, description="how long in-flight calls may finish after SIGTERM/SIGINT")
+    max_image_bytes: int = Field(32 << 20, ge=1024, le=1 << 31, description="largest image accepted by AskImage")
 
     @field_validator("budget")
     @classmethod

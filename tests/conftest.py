@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import subprocess
 import sys
 import time
@@ -24,17 +25,35 @@ class RunningDaemon:
     process: subprocess.Popen
     address: str
     log_lines: list[dict]
+    # The token calls must carry (None when started with --no-auth, or when the daemon generated it:
+    # then it is in the file named by the listening line's token_file).
+    token: str | None = None
+    ws_address: str | None = None
 
     def client(self, **kwargs: object) -> SidecarClient:
+        kwargs.setdefault("token", self.token)
         return SidecarClient(self.address, **kwargs)
 
 
-def start_daemon(*args: str, timeout_s: float = 60.0, env: dict[str, str] | None = None) -> RunningDaemon:
-    """Start `xlm-sidecar serve --port 0 ...` and wait for its "listening" log line."""
+def start_daemon(
+    *args: str, timeout_s: float = 60.0, env: dict[str, str] | None = None, token: str | None = "auto"
+) -> RunningDaemon:
+    """Start `xlm-sidecar serve --port 0 ...` and wait for its "listening" log line.
+
+    The daemon gets XLM_SIDECAR_TOKEN: `token`, a fresh random one for "auto", or none for None
+    (then it generates its own, unless `env` sets one).
+    """
     cmd = [sys.executable, "-m", "sidecar", "serve", "--port", "0", "--log-format", "json", *args]
-    process = subprocess.Popen(
-        cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env={**os.environ, **(env or {})}
-    )
+    env = {**os.environ, **(env or {})}
+    if token == "auto":
+        token = secrets.token_urlsafe(24)
+    if token is not None:
+        env["XLM_SIDECAR_TOKEN"] = token
+    else:
+        token = env.get("XLM_SIDECAR_TOKEN")
+    if "--no-auth" in args:
+        token = None
+    process = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
     lines: list[dict] = []
     deadline = time.monotonic() + timeout_s
     assert process.stderr is not None
@@ -48,7 +67,7 @@ def start_daemon(*args: str, timeout_s: float = 60.0, env: dict[str, str] | None
             continue
         lines.append(event)
         if event.get("event") == "listening":
-            return RunningDaemon(process, event["address"], lines)
+            return RunningDaemon(process, event["address"], lines, token, event.get("ws_address"))
     process.kill()
     raise RuntimeError(f"daemon did not listen within {timeout_s} s: {lines}")
 

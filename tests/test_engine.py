@@ -130,3 +130,19 @@ def test_status_snapshot_counts_work(engine: Engine) -> None:
     assert snap.throughput.requests_served >= 1
     assert snap.throughput.tokens_generated >= 1
     assert snap.kv_cache_bytes > 0
+
+
+def test_a_fixed_seed_reproduces_a_sampled_reply(engine: Engine) -> None:
+    def sample(seed: int) -> str:
+        spec = GenerationSpec(prompt=Prompt(messages=(("user", "Invent a name for a tavern."),)), sampling=SamplingConfig(temperature=1.0, seed=seed), max_tokens=12)
+        deltas, _ = run(engine, spec)
+        return "".join(d.text for d in deltas)
+
+    assert sample(7) == sample(7)
+    assert len({sample(s) for s in (1, 2, 3, 4)}) > 1, "different seeds should not all give one reply"
+
+
+def test_out_of_range_sampling_is_refused() -> None:
+    for bad in ({"temperature": -0.1}, {"top_p": 0.0}, {"min_p": 1.0}, {"repeat_penalty": 0.0}, {"seed": 2**32}):
+        with pytest.raises(InvalidArgument):
+            SamplingConfig(**bad)

@@ -115,7 +115,7 @@ def test_a_reload_mid_stream_loses_nothing(engine: Engine, smollm2_path) -> None
         live(event)
         if len(live.deltas) == 10 and not reloaded.is_set():
             reloaded.set()
-            engine.reload(engine.config)  # same placement: exercises save, rebuild, restore
+            engine.reload(engine.config, force=True)  # same placement: exercises save, rebuild, restore
 
     engine.submit(chat("Tell me a story about a brave knight.", max_tokens=48), reload_after_ten)
     final = live.result()
@@ -134,3 +134,14 @@ def test_a_cancelled_request_frees_its_sequence_within_a_step(engine: Engine) ->
     assert final.reason is FinishReason.CANCELLED
     assert final.usage.completion_tokens <= len(s.tokens) + 2
     assert engine.snapshot().requests_active == 0
+
+
+def test_a_change_of_threads_only_needs_no_reload(engine: Engine) -> None:
+    from dataclasses import replace
+
+    reloaded, pause_ms = engine.reload(replace(engine.config, threads_decode=1, tier_threads=((1, 1), (256, 2)))).result(30)
+    assert (reloaded, pause_ms) == (False, 0.0)
+    assert engine.config.tier_threads == ((1, 1), (256, 2))
+    s = Stream()
+    engine.submit(chat("Name a color.", max_tokens=4), s)
+    assert s.result().usage.completion_tokens >= 1

@@ -137,17 +137,46 @@ def test_bad_requests_get_invalid_argument_and_the_daemon_goes_on(client, reques
     assert client.complete(pb.GenerateRequest(prompt="Hi", max_tokens=2, sampling=GREEDY)).final.usage.completion_tokens == 2
 
 
-def test_declared_but_later_rpcs_answer_unimplemented(client) -> None:
+def test_image_questions_answer_unimplemented_until_vision_lands(client) -> None:
     with pytest.raises(grpc.RpcError) as e:
-        client.complete  # noqa: B018 - keep the client warm
         list(client._stub.AskImage(pb.AskImageRequest(question="what is this?")))
     assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+def test_budget_updates_take_effect_and_are_watched(client) -> None:
+    watch = client.watch_state()
+    assert next(watch).reason == "initial"
+    try:
+        response = client.set_budget(pb.SetBudgetRequest(vram_size="2G", max_cpu_threads=1))
+        assert response.budget.vram_bytes == 2 << 30 and response.budget.max_cpu_threads == 1
+        assert {t.threads for t in response.schedule.tiers} == {1}, "the game's thread cap binds every tier"
+        assert not response.reloaded  # CPU-only: threads change per pass, nothing to reload
+        event = next(watch)
+        assert event.reason == "budget" and event.budget.vram_bytes == 2 << 30
+        assert client.status().budget.max_cpu_threads == 1
+        reply = client.complete(pb.GenerateRequest(prompt="Hello", max_tokens=3, sampling=GREEDY))
+        assert reply.final.usage.completion_tokens == 3
+    finally:
+        watch.close()
+        client.set_budget(pb.SetBudgetRequest(vram_bytes=0, max_cpu_threads=0))
+    assert client.status().budget.max_cpu_threads == 0
+
+
+@pytest.mark.parametrize(
+    ("request_", "code"),
+    [
+        (pb.SetBudgetRequest(vram_size="two gigs"), grpc.StatusCode.INVALID_ARGUMENT),
+        (pb.SetBudgetRequest(vram_size="-1G"), grpc.StatusCode.INVALID_ARGUMENT),
+        (pb.SetBudgetRequest(vram_bytes=1 << 62), grpc.StatusCode.INVALID_ARGUMENT),
+        (pb.SetBudgetRequest(max_cpu_threads=100000), grpc.StatusCode.INVALID_ARGUMENT),
+        # No NVIDIA GPU here: following free VRAM cannot work, and the daemon says why.
+        (pb.SetBudgetRequest(auto_reserve_bytes=1 << 30), grpc.StatusCode.FAILED_PRECONDITION),
+    ],
+)
+def test_bad_budgets_are_refused(client, request_, code) -> None:
     with pytest.raises(grpc.RpcError) as e:
-        client.set_budget(pb.SetBudgetRequest(vram_size="2G"))
-    assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
-    with pytest.raises(grpc.RpcError) as e:
-        client.set_budget(pb.SetBudgetRequest(vram_size="two gigs"))
-    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        client.set_budget(request_)
+    assert e.value.code() == code, e.value.details()
 
 
 def test_status_reports_model_budget_and_limits(client) -> None:

@@ -63,6 +63,7 @@ class EngineSnapshot:
 class _Reload:
     config: EngineConfig
     done: Future
+    force: bool = False
 
 
 class Engine:
@@ -128,15 +129,18 @@ class Engine:
         self._inbox.put(job)
         return job
 
-    def reload(self, config: EngineConfig) -> Future:
-        """Switch to a new configuration (placement, threads) at the next step boundary, keeping every
-        conversation. The future resolves to the pause in milliseconds, or to the load error (then
-        the old configuration is back in force)."""
+    def reload(self, config: EngineConfig, *, force: bool = False) -> Future:
+        """Switch to a new configuration at the next step boundary, keeping every conversation.
+
+        A change of threads only takes effect on the next pass; anything else (placement, context,
+        batch sizes) rebuilds model and context around saved sequences. The future resolves to
+        (reloaded, pause in milliseconds), or to the load error, and then the old configuration
+        is back in force. `force` rebuilds even for a change of threads only."""
         done: Future = Future()
         if self._closing:
             done.set_exception(Unavailable("the engine is shutting down"))
             return done
-        self._inbox.put(_Reload(config, done))
+        self._inbox.put(_Reload(config, done, force))
         return done
 
     def end_session(self, session_id: str) -> int:
@@ -440,6 +444,10 @@ class Engine:
 
     def _reload(self, request: _Reload) -> None:
         """Save every sequence, rebuild model and context with the new configuration, restore."""
+        if not request.force and _same_placement(self.config, request.config):
+            self.config = request.config  # threads are read per pass: nothing to rebuild
+            request.done.set_result((False, 0.0))
+            return
         t0 = time.perf_counter()
         self.phase = EnginePhase.RELOADING
         saved = {s.seq: self._ctx.save(s.seq) for s in self._slots if s.cached}
@@ -461,11 +469,19 @@ class Engine:
         self.phase = EnginePhase.READY
         self.last_reload_pause_ms = (time.perf_counter() - t0) * 1000.0
         log.info("reloaded", pause_ms=round(self.last_reload_pause_ms, 1), sequences=len(saved))
-        request.done.set_result(self.last_reload_pause_ms)
+        request.done.set_result((True, self.last_reload_pause_ms))
 
     def _restore_all(self, saved: dict[int, bytes]) -> None:
         for seq, state in saved.items():
             self._ctx.restore(seq, state)
+
+
+_THREAD_FIELDS = {"threads_decode", "threads_prefill", "tier_threads"}
+
+
+def _same_placement(a: EngineConfig, b: EngineConfig) -> bool:
+    """True when two configurations differ at most in threads, which need no reload."""
+    return all(getattr(a, f) == getattr(b, f) for f in a.__dataclass_fields__ if f not in _THREAD_FIELDS)
 
 
 def _common_prefix(cached: list[int], tokens: list[int]) -> int:

@@ -8,6 +8,7 @@ import time
 from sidecar.api import pb
 from sidecar.budget import Budget
 from sidecar.engine import (
+    EngineConfig,
     EngineSnapshot,
     Finished,
     FinishReason,
@@ -133,8 +134,7 @@ def status_to_pb(
             vision_available=False,
         ),
         budget=budget_to_pb(budget),
-        # No planner yet: the schedule is empty and everything runs on the CPU.
-        schedule=pb.Schedule(micro_batch=c.n_batch, kv_type="f16"),
+        schedule=schedule_to_pb(c),
         memory=pb.MemoryUse(
             host_resident_bytes=host_resident_bytes,
             # As llama.cpp reported its buffers at load: model weights by where they live.
@@ -170,6 +170,27 @@ def status_to_pb(
         ),
         uptime_s=uptime_s,
         listen_addresses=listen_addresses,
+    )
+
+
+def schedule_to_pb(c: EngineConfig) -> pb.Schedule:
+    """The schedule in force, as the engine runs it: threads per token tier and placement."""
+    placement = pb.PLACEMENT_CPU_ONLY if c.n_gpu_layers == 0 and not c.tensor_overrides else pb.PLACEMENT_STATIC
+    tiers = [
+        pb.TierPlan(
+            max_tokens=max_tokens,
+            phase=pb.TIER_PHASE_DECODE if max_tokens <= 64 else pb.TIER_PHASE_PREFILL,
+            placement=placement,
+            threads=threads,
+        )
+        for max_tokens, threads in c.tier_threads
+    ]
+    return pb.Schedule(
+        tiers=tiers,
+        kv_type="f16",
+        flash_attention=bool(c.flash_attention),
+        micro_batch=c.n_ubatch,
+        tensor_overrides=[f"{pattern}={device}" for pattern, device in c.tensor_overrides],
     )
 
 

@@ -19,6 +19,7 @@ from sidecar.budget import Budget, parse_size
 from sidecar.engine import Engine, Finished, TextDelta
 from sidecar.errors import SidecarError, Unavailable, Unimplemented
 from sidecar.service import convert
+from sidecar.service.budget_control import BudgetControl, check_thread_cap
 from sidecar.service.collector import StreamCollector
 from sidecar.service.state import DaemonState, StateHub
 
@@ -43,6 +44,8 @@ class SidecarService:
         self.info = info
         self.started = time.monotonic()
         self.state = StateHub(DaemonState(phase="ready", budget=budget, reason="initial"))
+        # Set by the daemon once the engine exists; None answers SetBudget with UNIMPLEMENTED.
+        self.budget_control: BudgetControl | None = None
         self.draining = False
         self._process = psutil.Process()
 
@@ -86,10 +89,26 @@ class SidecarService:
         yield  # pragma: no cover - makes this an async generator like generate()
 
     async def set_budget(self, request: pb.SetBudgetRequest) -> pb.SetBudgetResponse:
-        # Validate first so a malformed budget is INVALID_ARGUMENT even before re-planning exists.
-        if request.WhichOneof("vram") == "vram_size":
-            parse_size(request.vram_size)
-        raise Unimplemented("live budget changes arrive with the planner and schedule switching")
+        control = self.budget_control
+        threads = check_thread_cap(request.max_cpu_threads) if request.HasField("max_cpu_threads") else None
+        which = request.WhichOneof("vram")
+        if which == "vram_size":
+            vram = parse_size(request.vram_size)  # INVALID_ARGUMENT before anything else
+        if control is None:
+            raise Unimplemented("this daemon was started without budget control")
+        if which == "auto_reserve_bytes":
+            change = await control.follow_free_vram(request.auto_reserve_bytes, threads)
+        elif which in ("vram_size", "vram_bytes"):
+            change = await control.set(vram if which == "vram_size" else request.vram_bytes, threads)
+        else:  # only the thread cap changes
+            change = await control.set(control.budget.vram_bytes, threads)
+        self.budget = change.budget
+        return pb.SetBudgetResponse(
+            budget=convert.budget_to_pb(change.budget),
+            schedule=convert.schedule_to_pb(self.engine.config),
+            reloaded=change.reloaded,
+            pause_ms=change.pause_ms,
+        )
 
     async def watch_state(self) -> AsyncIterator[pb.StateEvent]:
         async for state in self.state.watch():
@@ -97,7 +116,7 @@ class SidecarService:
                 unix_ms=convert.now_unix_ms(),
                 phase=convert.phase_to_pb(state.phase),
                 budget=convert.budget_to_pb(state.budget),
-                schedule=pb.Schedule(micro_batch=self.engine.config.n_batch, kv_type="f16"),
+                schedule=convert.schedule_to_pb(self.engine.config),
                 reason=state.reason,
             )
 

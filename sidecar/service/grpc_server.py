@@ -1,22 +1,36 @@
-"""The gRPC transport: xlm.v1.Sidecar over grpc.aio, plus the standard health service.
+"""The gRPC transport: xlm.v1.Sidecar over grpc.aio, with the standard health and reflection services.
 
-Only decoding, calling the service core, and turning typed errors into status codes happen here.
+Only decoding, checking the token, calling the service core and turning typed errors into status
+codes happen here.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import stat
+from collections.abc import Awaitable, Callable
+
 import grpc
 import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
 
-from sidecar.api import pb, rpc
+from sidecar.api import pb
 from sidecar.errors import SidecarError
+from sidecar.service.auth import METADATA_KEY, Authenticator
+from sidecar.service.calls import CALLS, Call
 from sidecar.service.core import SidecarService
 from sidecar.service.status_codes import status_code_for
 
 log = structlog.get_logger("grpc")
 
-SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Sidecar"].full_name
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Sidecar"].full_name  # "xlm.v1.Sidecar"
+HEALTH_SERVICE_NAME = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
+# Health stays open: a launcher polls readiness before it has read the token file, and the answer
+# (SERVING or not) tells a caller nothing it could misuse. Everything else needs the token.
+_OPEN_METHOD_PREFIXES = (f"/{HEALTH_SERVICE_NAME}/",)
+_UNAUTHENTICATED_DETAIL = "missing or wrong token: send metadata 'authorization: Bearer <token>'"
 
 
 class PortInUse(Exception):
@@ -29,45 +43,120 @@ async def _abort(context: grpc.aio.ServicerContext, error: BaseException) -> Non
     await context.abort(status_code_for(error), str(error) or type(error).__name__)
 
 
-class SidecarServicer(rpc.SidecarServicer):
-    """Adapts the service core to grpc.aio. Cancellation by the client cancels the handler task,
-    which closes the core's stream and so cancels the engine job."""
+# -- the calls, from the shared table ------------------------------------------------------------
 
-    def __init__(self, core: SidecarService) -> None:
-        self.core = core
 
-    async def Generate(self, request, context):
+class _Undecodable:
+    """Stands in for a request whose bytes are not a valid message, so the call can answer
+    INVALID_ARGUMENT (grpc itself would answer UNKNOWN)."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+
+def _tolerant(deserializer: Callable[[bytes], object]) -> Callable[[bytes], object]:
+    def deserialize(data: bytes) -> object:
         try:
-            async for chunk in self.core.generate(request):
-                yield chunk
-        except SidecarError as e:
+            return deserializer(data)
+        except Exception as e:  # DecodeError, and invalid UTF-8 in a string field
+            return _Undecodable(e)
+
+    return deserialize
+
+
+async def _refuse_undecodable(request: object, context: grpc.aio.ServicerContext) -> None:
+    if isinstance(request, _Undecodable):
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"the request is not a valid message: {request.error}")
+
+
+def _method_handler(call: Call, core: SidecarService) -> grpc.RpcMethodHandler:
+    """grpc.aio handler for one call. Cancellation by the client, or its deadline passing, cancels
+    the handler task; `aclosing` then closes the core's stream at once (not whenever the garbage
+    collector gets to it), which cancels the engine job and frees its sequence."""
+    if call.streaming:
+
+        async def stream(request, context):
+            await _refuse_undecodable(request, context)
+            try:
+                async with contextlib.aclosing(call.invoke(core, request)) as responses:
+                    async for response in responses:
+                        yield response
+            except Exception as e:
+                await _abort(context, e)
+
+        return grpc.unary_stream_rpc_method_handler(
+            stream, _tolerant(call.request_type.FromString), call.response_type.SerializeToString
+        )
+
+    async def unary(request, context):
+        await _refuse_undecodable(request, context)
+        try:
+            return await call.invoke(core, request)
+        except Exception as e:
             await _abort(context, e)
 
-    async def AskImage(self, request, context):
-        try:
-            async for chunk in self.core.ask_image(request):
-                yield chunk
-        except SidecarError as e:
-            await _abort(context, e)
+    return grpc.unary_unary_rpc_method_handler(unary, _tolerant(call.request_type.FromString), call.response_type.SerializeToString)
 
-    async def SetBudget(self, request, context):
-        try:
-            return await self.core.set_budget(request)
-        except SidecarError as e:
-            await _abort(context, e)
 
-    async def WatchState(self, request, context):
-        async for event in self.core.watch_state():
-            yield event
+def add_sidecar_service(core: SidecarService, server: grpc.aio.Server) -> None:
+    """Register every call of xlm.v1.Sidecar (what the generated add_SidecarServicer_to_server
+    does, but from the table both transports share)."""
+    handlers = {name: _method_handler(call, core) for name, call in CALLS.items()}
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+    server.add_registered_method_handlers(SERVICE_NAME, handlers)
 
-    async def GetStatus(self, request, context):
-        return await self.core.get_status()
 
-    async def EndSession(self, request, context):
-        try:
-            return await self.core.end_session(request)
-        except SidecarError as e:
-            await _abort(context, e)
+# -- the edge: the token ---------------------------------------------------------------------------
+
+
+def _refusal(handler: grpc.RpcMethodHandler, code: grpc.StatusCode, detail: str) -> grpc.RpcMethodHandler:
+    """A handler of the same shape that only answers `code`. Requests stay raw bytes: a refused
+    caller's payload is never parsed."""
+
+    async def unary(request, context):
+        await context.abort(code, detail)
+
+    async def stream(request, context):
+        await context.abort(code, detail)
+        yield  # pragma: no cover - makes this an async generator
+
+    shapes = {
+        (False, False): grpc.unary_unary_rpc_method_handler(unary),
+        (False, True): grpc.unary_stream_rpc_method_handler(stream),
+        (True, False): grpc.stream_unary_rpc_method_handler(unary),
+        (True, True): grpc.stream_stream_rpc_method_handler(stream),
+    }
+    return shapes[(handler.request_streaming, handler.response_streaming)]
+
+
+class EdgeInterceptor(grpc.aio.ServerInterceptor):
+    """Refuses calls without the token (UNAUTHENTICATED) before any handler runs or any request
+    byte is parsed."""
+
+    def __init__(self, authenticator: Authenticator) -> None:
+        self.authenticator = authenticator
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler | None]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler | None:
+        handler = await continuation(details)
+        if handler is None or details.method.startswith(_OPEN_METHOD_PREFIXES):
+            return handler  # unknown methods answer UNIMPLEMENTED; health is open
+        if not self.authenticator.accepts_header(_metadata_value(details.invocation_metadata, METADATA_KEY)):
+            return _refusal(handler, grpc.StatusCode.UNAUTHENTICATED, _UNAUTHENTICATED_DETAIL)
+        return handler
+
+
+def _metadata_value(metadata: object, key: str) -> str | None:
+    for k, v in metadata or ():
+        if k == key:
+            return v.decode("latin-1") if isinstance(v, bytes) else v
+    return None
+
+
+# -- the server ----------------------------------------------------------------------------------
 
 
 def server_options(max_message_bytes: int) -> list[tuple[str, int]]:
@@ -79,22 +168,49 @@ def server_options(max_message_bytes: int) -> list[tuple[str, int]]:
     ]
 
 
-async def start_grpc_server(core: SidecarService, address: str, max_message_bytes: int) -> tuple[grpc.aio.Server, health.aio.HealthServicer, int]:
-    """Bind and start. Returns the server, its health servicer and the bound port (useful with port 0).
+async def start_grpc_server(
+    core: SidecarService,
+    address: str,
+    max_message_bytes: int,
+    authenticator: Authenticator | None = None,
+) -> tuple[grpc.aio.Server, health.aio.HealthServicer, int]:
+    """Bind and start. `address` is "host:port" or "unix:PATH" (made owner-only). Returns the
+    server, its health servicer and the bound port (useful with port 0; 0 for a Unix socket).
 
-    Raises PortInUse when the address is taken.
+    Raises PortInUse when the address is taken. A Unix socket path must already be free: gRPC
+    replaces an existing socket file silently, so the caller checks ownership (instance lock) first.
     """
-    server = grpc.aio.server(options=server_options(max_message_bytes))
-    rpc.add_SidecarServicer_to_server(SidecarServicer(core), server)
+    authenticator = authenticator or Authenticator(None)
+    server = grpc.aio.server(options=server_options(max_message_bytes), interceptors=[EdgeInterceptor(authenticator)])
+    add_sidecar_service(core, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection((SERVICE_NAME, HEALTH_SERVICE_NAME, reflection.SERVICE_NAME), server)
+    socket_path = address[len("unix:"):] if address.startswith("unix:") else None
     try:
-        port = server.add_insecure_port(address)
+        if socket_path is not None:
+            port = _bind_unix_owner_only(server, address, socket_path)
+        else:
+            port = server.add_insecure_port(address)
     except RuntimeError as e:
         raise PortInUse(f"cannot listen on {address}: {e}") from e
-    if port == 0 and not address.endswith(":0"):
+    if socket_path is None and port == 0 and not address.endswith(":0"):
         raise PortInUse(f"cannot listen on {address}: the port is in use")
     await server.start()
     for name in ("", SERVICE_NAME):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    return server, health_servicer, port
+    return server, health_servicer, 0 if socket_path is not None else port
+
+
+def _bind_unix_owner_only(server: grpc.aio.Server, address: str, path: str) -> int:
+    # The umask makes the socket owner-only from the moment it exists (no window in which another
+    # user could connect); the chmod is for platforms whose bind ignores the umask.
+    old_umask = os.umask(0o177)
+    try:
+        bound = server.add_insecure_port(address)
+    finally:
+        os.umask(old_umask)
+    if not bound or not os.path.exists(path):
+        raise PortInUse(f"cannot listen on {address}: could not create the socket")
+    os.chmod(path, stat.S_IRUSR | stat.S_IWUSR)
+    return bound

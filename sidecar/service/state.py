@@ -41,7 +41,8 @@ class StateHub:
         q: asyncio.Queue[DaemonState | None] = asyncio.Queue()
         self._subscribers.add(q)
         try:
-            yield self.current
+            # The first event is sent because the caller subscribed, whatever changed last.
+            yield replace(self.current, reason="initial")
             while (state := await q.get()) is not None:
                 yield state
         finally:

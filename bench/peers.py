@@ -1,0 +1,107 @@
+"""The peers we measure against, started and driven the same way: llama-cpp-python in-process,
+llama-cpp-python's OpenAI-compatible server, and llama.cpp's own llama-bench and llama-server
+(built outside the repo; found on PATH, in $LLAMA_CPP_BIN, or given by flag)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def find_llama_binary(name: str, explicit: Path | None = None) -> Path | None:
+    """llama.cpp's `name` binary, or None (benchmarks then say the peer was skipped)."""
+    if explicit is not None:
+        return explicit if explicit.is_file() else None
+    env_dir = os.environ.get("LLAMA_CPP_BIN")
+    if env_dir and (Path(env_dir) / name).is_file():
+        return Path(env_dir) / name
+    found = shutil.which(name)
+    return Path(found) if found else None
+
+
+def llama_bench_tg(binary: Path, model: Path, threads: list[int], tokens: int, repeats: int) -> dict[int, float]:
+    """Token-generation tokens/s that llama-bench measures, per thread count."""
+    out = subprocess.run(
+        [str(binary), "-m", str(model), "-p", "0", "-n", str(tokens), "-r", str(repeats),
+         "-t", ",".join(map(str, threads)), "-o", "json"],
+        capture_output=True, text=True, check=True, timeout=600,
+    )
+    return {int(row["n_threads"]): float(row["avg_ts"]) for row in json.loads(out.stdout)}
+
+
+@dataclass
+class HttpPeer:
+    """An OpenAI-compatible server process we started; `chat` sends one non-streaming request."""
+
+    name: str
+    process: subprocess.Popen
+    base_url: str
+
+    def wait_ready(self, timeout_s: float = 120) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.process.returncode}")
+            try:
+                if httpx.get(f"{self.base_url}/v1/models", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        raise RuntimeError(f"{self.name} did not start within {timeout_s} s")
+
+    def chat(self, client: httpx.Client, messages: list[dict], max_tokens: int) -> int:
+        """Completion tokens of one greedy chat request."""
+        r = client.post(
+            f"{self.base_url}/v1/chat/completions",
+            json={"messages": messages, "max_tokens": max_tokens, "temperature": 0.0, "stream": False},
+            timeout=600,
+        )
+        r.raise_for_status()
+        return int(r.json()["usage"]["completion_tokens"])
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(20)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+
+
+def start_llama_cpp_python_server(model: Path, threads: int, n_ctx: int) -> HttpPeer:
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--port", str(port),
+         "--n_threads", str(threads), "--n_threads_batch", str(threads), "--n_ctx", str(n_ctx)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    peer = HttpPeer("llama-cpp-python server", process, f"http://127.0.0.1:{port}")
+    peer.wait_ready()
+    return peer
+
+
+def start_llama_server(binary: Path, model: Path, threads: int, slots: int, ctx_per_slot: int) -> HttpPeer:
+    port = free_port()
+    process = subprocess.Popen(
+        [str(binary), "-m", str(model), "--port", str(port), "-t", str(threads), "-tb", str(threads),
+         "-np", str(slots), "-c", str(ctx_per_slot * slots), "--no-webui"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    peer = HttpPeer(f"llama-server ({slots} slots)", process, f"http://127.0.0.1:{port}")
+    peer.wait_ready()
+    return peer

@@ -1,0 +1,123 @@
+"""Budget updates from the game: re-plan, then switch the engine to the new schedule.
+
+The game grants VRAM and CPU threads and may take them back at any moment (a new scene, a higher
+quality preset). Each update is planned (a pure function of the budget) and handed to the engine,
+which switches at a step boundary: threads at once, placement by a reload that keeps every
+conversation. The game's call returns once the new budget is in force, so when it shrinks the
+budget it knows the memory is free by the time the call returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import structlog
+
+from sidecar.budget import Budget, parse_size
+from sidecar.engine import Engine, EngineConfig
+from sidecar.errors import FailedPrecondition, InvalidArgument
+from sidecar.service.state import StateHub
+
+log = structlog.get_logger("budget")
+
+# A budget for the planner -> what the engine should run with.
+PlanFn = Callable[[Budget], EngineConfig]
+# Free VRAM in bytes on the GPU we use, or None without a GPU (NVML absent, no device).
+GpuFreeFn = Callable[[], int | None]
+
+AUTO_POLL_S = 2.0
+# Follow free VRAM only when it moved by more than this: NVML's figure jitters, and each change
+# may cost a reload.
+AUTO_HYSTERESIS_BYTES = 128 << 20
+
+
+@dataclass(frozen=True)
+class BudgetChange:
+    """What an update did: the budget in force, whether the model was reloaded, the pause."""
+
+    budget: Budget
+    reloaded: bool
+    pause_ms: float
+
+
+class BudgetControl:
+    """Owns the budget in force. Used from the daemon's event loop only."""
+
+    def __init__(self, engine: Engine, budget: Budget, plan: PlanFn, state: StateHub, gpu_free: GpuFreeFn) -> None:
+        self.engine = engine
+        self.budget = budget
+        self._plan = plan
+        self._state = state
+        self._gpu_free = gpu_free
+        self._lock = asyncio.Lock()  # one update at a time, in the order they came
+        self._auto_task: asyncio.Task | None = None
+        self._auto_reserve = 0
+
+    async def set_vram_size(self, size: str, max_cpu_threads: int | None) -> BudgetChange:
+        return await self.set(parse_size(size), max_cpu_threads)
+
+    async def set(self, vram_bytes: int, max_cpu_threads: int | None) -> BudgetChange:
+        """Put a fixed budget in force (ends automatic mode). None keeps the thread cap."""
+        self._stop_auto()
+        return await self._apply(vram_bytes, max_cpu_threads, reason="budget")
+
+    async def follow_free_vram(self, reserve_bytes: int, max_cpu_threads: int | None) -> BudgetChange:
+        """Automatic mode: the budget follows the GPU's free memory minus `reserve_bytes`."""
+        free = self._gpu_free()
+        if free is None:
+            raise FailedPrecondition("automatic VRAM budget needs an NVIDIA GPU with NVML; this machine has none")
+        self._stop_auto()
+        self._auto_reserve = reserve_bytes
+        change = await self._apply(self._auto_target(free), max_cpu_threads, reason="auto")
+        self._auto_task = asyncio.create_task(self._follow())
+        return change
+
+    def close(self) -> None:
+        self._stop_auto()
+
+    def _auto_target(self, free: int) -> int:
+        # What we hold ourselves counts as available to us: free memory excludes it.
+        ours = self.engine.snapshot().load_report.vram_bytes()
+        return max(free + ours - self._auto_reserve, 0)
+
+    async def _follow(self) -> None:
+        while True:
+            await asyncio.sleep(AUTO_POLL_S)
+            free = self._gpu_free()
+            if free is None:
+                continue
+            target = self._auto_target(free)
+            if abs(target - self.budget.vram_bytes) > AUTO_HYSTERESIS_BYTES:
+                await self._apply(target, None, reason="auto")
+
+    def _stop_auto(self) -> None:
+        if self._auto_task is not None:
+            self._auto_task.cancel()
+            self._auto_task = None
+
+    async def _apply(self, vram_bytes: int, max_cpu_threads: int | None, *, reason: str) -> BudgetChange:
+        async with self._lock:
+            threads = self.budget.max_cpu_threads if max_cpu_threads is None else max_cpu_threads
+            budget = Budget(vram_bytes=vram_bytes, max_cpu_threads=threads)
+            config = self._plan(budget)
+            started = time.perf_counter()
+            reloaded, pause_ms = await asyncio.wrap_future(self.engine.reload(config))
+            self.budget = budget
+            log.info(
+                "budget in force",
+                budget=budget.describe(),
+                reloaded=reloaded,
+                pause_ms=round(pause_ms, 1),
+                took_ms=round((time.perf_counter() - started) * 1000, 1),
+            )
+            self._state.publish(budget=budget, reason=reason)
+            return BudgetChange(budget, reloaded, pause_ms)
+
+
+def check_thread_cap(value: int) -> int:
+    if not 0 <= value <= 4096:
+        raise InvalidArgument("max_cpu_threads must be between 0 (no cap) and 4096")
+    return value

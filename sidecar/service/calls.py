@@ -1,0 +1,60 @@
+"""The one table of xlm.v1.Sidecar's calls, which both transports (gRPC and the WebSocket bridge)
+serve: message types and streaming from the proto's descriptor, and which core coroutine runs each.
+
+A new RPC in the proto fails at import until it gets a line in `_INVOKE`, so neither transport
+can silently lack it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+
+from google.protobuf.message import Message
+
+from sidecar.api import pb
+from sidecar.service.core import SidecarService
+
+SERVICE = pb.DESCRIPTOR.services_by_name["Sidecar"]
+
+# What each call does, in the service core. Streaming calls return an async iterator of responses,
+# unary ones an awaitable response.
+_INVOKE: dict[str, Callable[[SidecarService, Message], AsyncIterator[Message] | Awaitable[Message]]] = {
+    "Generate": lambda core, request: core.generate(request),
+    "AskImage": lambda core, request: core.ask_image(request),
+    "SetBudget": lambda core, request: core.set_budget(request),
+    "WatchState": lambda core, request: core.watch_state(),
+    "GetStatus": lambda core, request: core.get_status(),
+    "EndSession": lambda core, request: core.end_session(request),
+}
+
+
+@dataclass(frozen=True)
+class Call:
+    """One RPC: its name as the proto spells it ("Generate"), message types and shape."""
+
+    name: str
+    request_type: type[Message]
+    response_type: type[Message]
+    streaming: bool
+    invoke: Callable[[SidecarService, Message], AsyncIterator[Message] | Awaitable[Message]]
+
+
+def _calls() -> dict[str, Call]:
+    calls = {}
+    for method in SERVICE.methods:
+        if method.client_streaming:
+            raise TypeError(f"{method.name}: client-streaming calls are not served by the transports")
+        if method.name not in _INVOKE:
+            raise TypeError(f"{method.name} is declared in the proto but has no entry in sidecar.service.calls")
+        calls[method.name] = Call(
+            name=method.name,
+            request_type=getattr(pb, method.input_type.name),
+            response_type=getattr(pb, method.output_type.name),
+            streaming=method.server_streaming,
+            invoke=_INVOKE[method.name],
+        )
+    return calls
+
+
+CALLS: dict[str, Call] = _calls()

@@ -1,0 +1,167 @@
+"""The WebSocket bridge's frames: JSON text objects carrying xlm.v1 messages in protobuf's
+canonical JSON mapping (lowerCamelCase names; snake_case accepted too; 64-bit integers as
+strings; enums by name).
+
+Client to daemon:
+    {"auth": "<token>"}                                   first frame, unless the handshake had
+                                                          "Authorization: Bearer <token>"
+    {"id": "c1", "method": "Generate", "request": {...}}  "timeoutMs": 5000 optional
+    {"id": "c1", "cancel": true}
+Daemon to client:
+    {"auth": "ok"}
+    {"id": "c1", "chunk": {...}}  ... {"id": "c1", "end": true}      streaming calls
+    {"id": "c1", "result": {...}}                                    unary calls
+    {"id": "c1", "error": {"code": "INVALID_ARGUMENT", "message": "..."}}
+Every call ends with exactly one of end, result or error. A frame that cannot be tied to a call
+gets an error with "id": null.
+
+This module is pure: parsing raises FrameError, encoding returns text.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Union
+
+from google.protobuf import json_format
+from google.protobuf.message import Message
+
+from sidecar.errors import InvalidArgument, SidecarError, Unimplemented
+from sidecar.service.calls import CALLS, Call
+
+CallId = Union[str, int]
+MAX_ID_LENGTH = 128
+_FRAME_KEYS = frozenset({"id", "method", "request", "cancel", "auth", "timeoutMs", "timeout_ms"})
+
+
+class FrameError(Exception):
+    """A client frame the bridge cannot act on; `id` is the call it names, if one could be read."""
+
+    def __init__(self, call_id: CallId | None, error: SidecarError) -> None:
+        super().__init__(str(error))
+        self.call_id = call_id
+        self.error = error
+
+
+@dataclass(frozen=True)
+class AuthFrame:
+    token: str
+
+
+@dataclass(frozen=True)
+class CallFrame:
+    call_id: CallId
+    call: Call
+    request: Message
+    timeout_s: float | None
+
+
+@dataclass(frozen=True)
+class CancelFrame:
+    call_id: CallId
+
+
+def call_key(call_id: CallId) -> tuple[str, CallId]:
+    """Ids 1 and "1" are different calls."""
+    return (type(call_id).__name__, call_id)
+
+
+def parse_client_frame(data: str | bytes) -> AuthFrame | CallFrame | CancelFrame:
+    """One client frame, validated. Binary frames are accepted when they hold UTF-8 JSON (GDScript's
+    put_packet sends binary)."""
+    if isinstance(data, bytes):
+        try:
+            data = data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise FrameError(None, InvalidArgument("frames must be UTF-8 JSON text")) from None
+    try:
+        frame = json.loads(data)
+    except (ValueError, RecursionError) as e:
+        raise FrameError(None, InvalidArgument(f"frame is not JSON: {e}")) from None
+    if not isinstance(frame, dict):
+        raise FrameError(None, InvalidArgument("a frame must be a JSON object"))
+    call_id = _call_id(frame)
+    unknown = sorted(set(frame) - _FRAME_KEYS)
+    if unknown:
+        raise FrameError(call_id, InvalidArgument(f"unknown frame field {unknown[0]!r}"))
+    if "auth" in frame:
+        if not isinstance(frame["auth"], str):
+            raise FrameError(call_id, InvalidArgument("auth must be the token, as a string"))
+        return AuthFrame(frame["auth"])
+    if call_id is None:
+        raise FrameError(None, InvalidArgument(f"id must be a string of 1 to {MAX_ID_LENGTH} characters or an integer"))
+    if "cancel" in frame:
+        if frame["cancel"] is not True or "method" in frame:
+            raise FrameError(call_id, InvalidArgument('a cancel frame is {"id": ..., "cancel": true}'))
+        return CancelFrame(call_id)
+    method = frame.get("method")
+    if not isinstance(method, str):
+        raise FrameError(call_id, InvalidArgument("method must be the name of an xlm.v1.Sidecar RPC, e.g. \"Generate\""))
+    call = CALLS.get(method)
+    if call is None:
+        raise FrameError(call_id, Unimplemented(f"unknown method {method[:64]!r}"))
+    return CallFrame(call_id, call, _request(call_id, call, frame.get("request")), _timeout_s(call_id, frame))
+
+
+def _call_id(frame: dict) -> CallId | None:
+    value = frame.get("id")
+    if isinstance(value, str) and 1 <= len(value) <= MAX_ID_LENGTH:
+        return value
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) < 2**53:
+        return value
+    return None
+
+
+def _request(call_id: CallId, call: Call, request: object) -> Message:
+    if request is None:
+        request = {}
+    if not isinstance(request, dict):
+        raise FrameError(call_id, InvalidArgument(f"request must be a JSON object ({call.request_type.DESCRIPTOR.name})"))
+    try:
+        return json_format.ParseDict(request, call.request_type(), ignore_unknown_fields=False)
+    except (json_format.ParseError, ValueError, TypeError, RecursionError) as e:
+        raise FrameError(call_id, InvalidArgument(f"request is not a valid {call.request_type.DESCRIPTOR.name}: {e}")) from None
+
+
+def _timeout_s(call_id: CallId, frame: dict) -> float | None:
+    value = frame.get("timeoutMs", frame.get("timeout_ms"))
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise FrameError(call_id, InvalidArgument("timeoutMs must be a positive number of milliseconds"))
+    return value / 1000.0
+
+
+# -- daemon to client -------------------------------------------------------------------------------
+
+
+def _dumps(frame: dict) -> str:
+    return json.dumps(frame, separators=(",", ":"), ensure_ascii=False)
+
+
+def message_to_json(message: Message) -> dict:
+    """Canonical JSON mapping, with fields at their defaults included so a client can index them."""
+    return json_format.MessageToDict(message, always_print_fields_with_no_presence=True)
+
+
+def chunk_frame(call_id: CallId, message: Message) -> str:
+    return _dumps({"id": call_id, "chunk": message_to_json(message)})
+
+
+def result_frame(call_id: CallId, message: Message) -> str:
+    return _dumps({"id": call_id, "result": message_to_json(message)})
+
+
+def end_frame(call_id: CallId) -> str:
+    return _dumps({"id": call_id, "end": True})
+
+
+def error_frame(call_id: CallId | None, code: str, message: str) -> str:
+    """`code` is a gRPC status name ("INVALID_ARGUMENT"), as status_codes.status_code_for decides."""
+    return _dumps({"id": call_id, "error": {"code": code, "message": message}})
+
+
+def auth_ok_frame() -> str:
+    return _dumps({"auth": "ok"})

@@ -1,0 +1,169 @@
+"""The daemon's life: following the game's process, draining on SIGTERM/SIGINT, refusing to start
+with a parent that is not there."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import grpc
+import pytest
+
+from conftest import start_daemon, stop_daemon
+from sidecar.api import pb
+from test_transport_websocket import LONG_PROMPT, ONE_THREAD, BridgeClient
+
+def test_the_instance_lock_admits_one_holder_and_survives_a_crash(tmp_path) -> None:
+    from sidecar.lifecycle.instance_lock import AlreadyServing, InstanceLock
+
+    path = tmp_path / "port-1.lock"
+    first = InstanceLock(path, "port 1")
+    first.acquire()
+    with pytest.raises(AlreadyServing, match=f"pid {os.getpid()}"):
+        InstanceLock(path, "port 1").acquire()
+    first.release()
+    assert not path.exists()  # a clean stop leaves nothing behind
+    # A holder that died without releasing (here: in another process) leaves its file, unlocked.
+    subprocess.run(
+        [sys.executable, "-c", f"from sidecar.lifecycle.instance_lock import InstanceLock; InstanceLock(__import__('pathlib').Path({str(path)!r}), 'x').acquire()"],
+        check=True, timeout=60,
+    )
+    assert path.exists()
+    second = InstanceLock(path, "port 1")
+    second.acquire()
+    second.release()
+
+
+LONG = pb.GenerateRequest(prompt=LONG_PROMPT, max_tokens=2000, sampling=pb.SamplingParams(temperature=0))
+
+
+@pytest.mark.parametrize("reaped", [True, False], ids=["reaped", "zombie"])
+def test_the_daemon_exits_within_2_s_of_its_parents_death(reaped: bool) -> None:
+    parent = subprocess.Popen(["sleep", "600"])
+    running = start_daemon(*ONE_THREAD, "--parent-pid", str(parent.pid))
+    try:
+        with running.client(timeout_s=60) as client:
+            assert client.status().phase == pb.ENGINE_PHASE_READY
+        parent.kill()
+        if reaped:
+            parent.wait()
+        died = time.monotonic()
+        code = running.process.wait(timeout=30)
+        took = time.monotonic() - died
+    finally:
+        parent.kill()
+        parent.wait()
+        if running.process.poll() is None:
+            running.process.kill()
+    assert code == 0
+    assert took < 2.0, f"exited {took:.2f} s after the parent"
+
+
+def test_a_parent_pid_that_is_not_running_is_refused() -> None:
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    result = subprocess.run(
+        [sys.executable, "-m", "sidecar", "serve", "--port", "0", "--parent-pid", str(gone.pid), "--log-format", "json"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "--parent-pid" in result.stderr
+
+
+def _stream_in_thread(client, request: pb.GenerateRequest) -> tuple[threading.Thread, threading.Event, dict]:
+    """Stream `request` in a thread; the event is set at the first chunk; the dict gets 'chunks'
+    and, if the call failed, 'error'."""
+    first = threading.Event()
+    outcome: dict = {"chunks": []}
+
+    def run() -> None:
+        try:
+            for chunk in client.generate(request):
+                outcome["chunks"].append(chunk)
+                first.set()
+        except grpc.RpcError as e:
+            outcome["error"] = e.code()
+        finally:
+            first.set()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, first, outcome
+
+
+def test_sigterm_lets_calls_in_flight_finish_and_refuses_new_ones() -> None:
+    running = start_daemon(*ONE_THREAD, "--grace-seconds", "120", "--stream-interval-ms", "0")
+    try:
+        with running.client(timeout_s=120) as client, BridgeClient(running.ws_address, running.token) as bridge:
+            thread, first, outcome = _stream_in_thread(client, pb.GenerateRequest(prompt="Once upon a time", max_tokens=40))
+            bridge.send({"id": "ws", "method": "Generate", "request": {"prompt": "Once upon a time", "maxTokens": 40}})
+            assert "chunk" in next(bridge.frames_of("ws"))
+            assert first.wait(120)
+            running.process.send_signal(signal.SIGTERM)
+            time.sleep(0.5)
+            # New calls are refused on both transports while the old ones go on.
+            with running.client(timeout_s=30) as late, pytest.raises(grpc.RpcError) as refused:
+                late.status()
+            assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+            [frame] = bridge.call("GetStatus", call_id="late")
+            assert frame["error"]["code"] == "UNAVAILABLE"
+            ws_frames = list(bridge.frames_of("ws"))
+            thread.join(120)
+        assert "error" not in outcome, outcome
+        assert outcome["chunks"][-1].final.usage.completion_tokens == 40
+        assert ws_frames[-1] == {"id": "ws", "end": True}
+        assert ws_frames[-2]["chunk"]["final"]["usage"]["completionTokens"] == 40
+        assert running.process.wait(timeout=60) == 0
+    finally:
+        if running.process.poll() is None:
+            running.process.kill()
+
+
+def test_calls_still_running_when_the_grace_period_ends_are_cut() -> None:
+    running = start_daemon(*ONE_THREAD, "--grace-seconds", "1")
+    try:
+        with running.client(timeout_s=120) as client:
+            thread, first, outcome = _stream_in_thread(client, LONG)
+            assert first.wait(120)
+            running.process.send_signal(signal.SIGTERM)
+            stopped = time.monotonic()
+            assert running.process.wait(timeout=60) == 0
+            took = time.monotonic() - stopped
+            thread.join(60)
+        assert "error" in outcome and outcome["error"] != grpc.StatusCode.OK
+        assert took < 15, took
+    finally:
+        if running.process.poll() is None:
+            running.process.kill()
+
+
+def test_a_second_sigint_skips_the_rest_of_the_grace_period() -> None:
+    running = start_daemon(*ONE_THREAD, "--grace-seconds", "300")
+    try:
+        with running.client(timeout_s=120) as client, BridgeClient(running.ws_address, running.token) as bridge:
+            thread, first, _ = _stream_in_thread(client, LONG)
+            bridge.send({"id": "ws", "method": "Generate", "request": {"prompt": LONG_PROMPT, "maxTokens": 2000, "sampling": {"temperature": 0}}})
+            assert "chunk" in next(bridge.frames_of("ws"))
+            assert first.wait(120)
+            running.process.send_signal(signal.SIGINT)
+            time.sleep(1.0)
+            assert running.process.poll() is None  # draining, within its grace period
+            running.process.send_signal(signal.SIGINT)
+            stopped = time.monotonic()
+            assert running.process.wait(timeout=60) == 0
+            assert time.monotonic() - stopped < 15
+            thread.join(60)
+    finally:
+        if running.process.poll() is None:
+            running.process.kill()
+
+
+def test_sigterm_without_calls_exits_at_once() -> None:
+    running = start_daemon(*ONE_THREAD, "--grace-seconds", "300")
+    started = time.monotonic()
+    assert stop_daemon(running) == 0
+    assert time.monotonic() - started < 15

@@ -1,0 +1,177 @@
+"""The gRPC edge beyond the calls themselves: reflection, deadlines, undecodable requests, the Unix
+socket, and one daemon per port or socket."""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from conftest import RunningDaemon, start_daemon, stop_daemon
+from sidecar.api import pb
+from test_transport_websocket import LONG_PROMPT, ONE_THREAD
+
+
+@pytest.fixture(scope="module")
+def daemon_(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningDaemon]:
+    running = start_daemon(*ONE_THREAD, "--stream-interval-ms", "0")
+    yield running
+    stop_daemon(running)
+
+
+def wait_until_idle(client, timeout_s: float = 30.0) -> pb.Status:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        status = client.status()
+        if status.throughput.requests_active == 0 or time.monotonic() > deadline:
+            return status
+        time.sleep(0.1)
+
+
+def list_services(address: str, metadata) -> list[str]:
+    with grpc.insecure_channel(address) as channel:
+        stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+        request = reflection_pb2.ServerReflectionRequest(list_services="")
+        [response] = list(stub.ServerReflectionInfo(iter([request]), metadata=metadata, timeout=30))
+    return sorted(s.name for s in response.list_services_response.service)
+
+
+def test_reflection_lists_the_services_to_token_holders(daemon_: RunningDaemon) -> None:
+    names = list_services(daemon_.address, [("authorization", f"Bearer {daemon_.token}")])
+    assert {"xlm.v1.Sidecar", "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection"} <= set(names)
+    with pytest.raises(grpc.RpcError) as e:
+        list_services(daemon_.address, None)
+    assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+def test_a_passed_deadline_ends_the_stream_and_frees_its_sequence(daemon_: RunningDaemon) -> None:
+    with daemon_.client(timeout_s=0.5) as hurried, pytest.raises(grpc.RpcError) as e:
+        hurried.complete(pb.GenerateRequest(prompt=LONG_PROMPT, max_tokens=1000, sampling=pb.SamplingParams(temperature=0)))
+    assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    with daemon_.client(timeout_s=60) as client:
+        assert wait_until_idle(client).throughput.requests_active == 0
+
+
+@pytest.mark.parametrize(
+    ("method", "payload"),
+    [
+        (method, payload)
+        for method in ("Generate", "GetStatus", "EndSession")
+        for payload in (b"\xff\xff\xff\xff\x0f", b"\x0a\x80", b"\x0b")  # bad tag, truncated, lone group start
+    ]
+    + [("Generate", b"\x12\x02\xff\xfe"), ("EndSession", b"\x0a\x02\xff\xfe")],  # a string that is not UTF-8
+)
+def test_undecodable_requests_get_invalid_argument(daemon_: RunningDaemon, method: str, payload: bytes) -> None:
+    streaming = method == "Generate"
+    with grpc.insecure_channel(daemon_.address) as channel:
+        path = f"/xlm.v1.Sidecar/{method}"
+        call = channel.unary_stream(path) if streaming else channel.unary_unary(path)
+        with pytest.raises(grpc.RpcError) as e:
+            result = call(payload, metadata=[("authorization", f"Bearer {daemon_.token}")], timeout=30)
+            if streaming:
+                list(result)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, e.value.details()
+
+
+def test_messages_over_the_size_limit_are_refused(daemon_: RunningDaemon) -> None:
+    with daemon_.client(timeout_s=60) as client, pytest.raises(grpc.RpcError) as e:
+        client.complete(pb.GenerateRequest(prompt="x" * (9 << 20)))
+    assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+def test_a_second_daemon_on_the_same_port_fails_fast_and_names_the_first(daemon_: RunningDaemon) -> None:
+    port = daemon_.address.rsplit(":", 1)[1]
+    started = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-m", "sidecar", "serve", "--port", port, "--log-format", "json"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 4, result.stderr
+    assert f"pid {daemon_.process.pid}" in result.stderr
+    assert "loading model" not in result.stderr  # refused before spending time on the model
+    assert time.monotonic() - started < 60
+
+
+def test_a_websocket_port_in_use_is_reported_and_exits_4() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        result = subprocess.run(
+            [sys.executable, "-m", "sidecar", "serve", "--port", "0", "--ws-port", str(port), "--log-format", "json"],
+            capture_output=True, text=True, timeout=120,
+        )
+    assert result.returncode == 4, result.stderr
+    assert "WebSocket" in result.stderr and str(port) in result.stderr
+
+
+# -- Unix socket ----------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def socket_dir() -> Iterator[Path]:
+    # AF_UNIX paths are limited to about 100 bytes: pytest's tmp_path can be longer.
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="xlm-") as d:
+        yield Path(d)
+
+
+def test_unix_socket_is_owner_only_serves_and_keeps_a_second_daemon_out(socket_dir: Path) -> None:
+    path = socket_dir / "sidecar.sock"
+    running = start_daemon(*ONE_THREAD, "--socket", str(path), token=None, env={"XLM_SIDECAR_RUNTIME_DIR": str(socket_dir / "run")})
+    try:
+        assert running.address == f"unix:{path}"
+        assert running.ws_address is None  # no TCP port the game did not ask for
+        assert stat.S_ISSOCK(path.stat().st_mode) and stat.S_IMODE(path.stat().st_mode) == 0o600
+        token_file = Path(next(e for e in running.log_lines if e.get("event") == "listening")["token_file"])
+        assert token_file.parent == socket_dir / "run" and token_file.name.startswith("unix-")
+        with running.client(timeout_s=60, token_file=token_file) as client:
+            status = client.status()
+            assert status.listen_addresses == [f"unix:{path}"]
+            assert client.complete(pb.GenerateRequest(prompt="Hello", max_tokens=2)).final.usage.completion_tokens == 2
+        second = subprocess.run(
+            [sys.executable, "-m", "sidecar", "serve", "--socket", str(path), "--log-format", "json"],
+            capture_output=True, text=True, timeout=120, env={**os.environ, "XLM_SIDECAR_RUNTIME_DIR": str(socket_dir / "run")},
+        )
+        assert second.returncode == 4 and "already serving" in second.stderr, second.stderr
+        assert stat.S_ISSOCK(path.stat().st_mode)  # the second daemon did not take the socket over
+        with running.client(timeout_s=60, token_file=token_file) as client:
+            assert client.status().phase == pb.ENGINE_PHASE_READY
+    finally:
+        assert stop_daemon(running) == 0
+    assert not path.exists() and not token_file.exists()
+
+
+def test_a_stale_socket_file_is_replaced(socket_dir: Path) -> None:
+    path = socket_dir / "stale.sock"
+    dead = socket.socket(socket.AF_UNIX)
+    dead.bind(str(path))
+    dead.close()  # the file stays, as after a daemon that was killed
+    assert path.exists()
+    running = start_daemon(*ONE_THREAD, "--socket", str(path))
+    try:
+        with running.client(timeout_s=60) as client:
+            assert client.status().phase == pb.ENGINE_PHASE_READY
+    finally:
+        stop_daemon(running)
+
+
+def test_a_socket_path_that_is_a_regular_file_is_left_alone(socket_dir: Path) -> None:
+    path = socket_dir / "notes.txt"
+    path.write_text("mine")
+    result = subprocess.run(
+        [sys.executable, "-m", "sidecar", "serve", "--socket", str(path), "--log-format", "json"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 4 and "not a socket" in result.stderr, result.stderr
+    assert path.read_text() == "mine"

@@ -1,0 +1,247 @@
+"""The WebSocket bridge against a real daemon: the same calls as gRPC in JSON frames, streaming,
+multiplexing, cancel frames, timeouts, and frames the bridge cannot use."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+
+import pytest
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import ClientConnection, connect
+
+from conftest import RunningDaemon, start_daemon, stop_daemon
+
+TERMINAL = ("end", "result", "error")
+# Test daemons decode with one thread: on a small machine shared with other work, llama.cpp's
+# threads spin-waiting for each other can slow decoding a hundredfold, and these tests are about
+# the transports, not speed.
+ONE_THREAD = ("--threads", "1")
+# SmolLM2 answers this greedily with hundreds of tokens (checked: over 300 without an end), so a
+# call is surely still running when a test cancels it or sends SIGTERM.
+LONG_PROMPT = "Here is a very long list of every number from 1 to 1000:\n1\n2\n3\n"
+COUNTING = {"prompt": LONG_PROMPT, "sampling": {"temperature": 0}}
+
+
+class BridgeClient:
+    """A blocking test client for the bridge: send frames, read frames, run whole calls."""
+
+    def __init__(self, url: str, token: str | None, *, header: bool = True, **kwargs: object) -> None:
+        headers = {"Authorization": f"Bearer {token}"} if token and header else None
+        self.ws: ClientConnection = connect(url, additional_headers=headers, open_timeout=60, max_size=None, **kwargs).__enter__()
+        self._stash: list[dict] = []
+
+    def __enter__(self) -> BridgeClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.ws.close()
+
+    def send(self, frame: dict | str | bytes) -> None:
+        self.ws.send(json.dumps(frame) if isinstance(frame, dict) else frame)
+
+    def recv(self, timeout: float = 120) -> dict:
+        if self._stash:
+            return self._stash.pop(0)
+        return json.loads(self.ws.recv(timeout=timeout))
+
+    def frames_of(self, call_id: object, timeout: float = 120) -> Iterator[dict]:
+        """Frames of one call up to and including its terminal frame; others are kept for later."""
+        deadline = time.monotonic() + timeout
+        kept = []
+        try:
+            while True:
+                for i, frame in enumerate(self._stash):
+                    if frame.get("id") == call_id and type(frame.get("id")) is type(call_id):
+                        self._stash.pop(i)
+                        break
+                else:
+                    frame = json.loads(self.ws.recv(timeout=max(deadline - time.monotonic(), 0.01)))
+                    if frame.get("id") != call_id or type(frame.get("id")) is not type(call_id):
+                        kept.append(frame)
+                        continue
+                yield frame
+                if any(k in frame for k in TERMINAL):
+                    return
+        finally:
+            self._stash.extend(kept)
+
+    def call(self, method: str, request: dict | None = None, call_id: object = "c", **extra: object) -> list[dict]:
+        frame = {"id": call_id, "method": method, **extra}
+        if request is not None:
+            frame["request"] = request
+        self.send(frame)
+        return list(self.frames_of(call_id))
+
+
+def status_over_bridge(client: BridgeClient) -> dict:
+    [frame] = client.call("GetStatus", call_id="status")
+    return frame["result"]
+
+
+def wait_until_idle(client: BridgeClient, timeout_s: float = 30.0) -> dict:
+    """Poll until no request occupies a sequence; returns the last status."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        status = status_over_bridge(client)
+        if status["throughput"]["requestsActive"] == 0 or time.monotonic() > deadline:
+            return status
+        time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def bridge_daemon() -> Iterator[RunningDaemon]:
+    running = start_daemon(*ONE_THREAD, "--stream-interval-ms", "0", "--max-tokens-per-request", "512")
+    yield running
+    stop_daemon(running)
+
+
+@pytest.fixture
+def bridge(bridge_daemon: RunningDaemon) -> Iterator[BridgeClient]:
+    with BridgeClient(bridge_daemon.ws_address, bridge_daemon.token) as client:
+        yield client
+
+
+def test_listening_line_names_the_bridge(bridge_daemon: RunningDaemon) -> None:
+    assert bridge_daemon.ws_address.startswith("ws://127.0.0.1:")
+    with bridge_daemon.client(timeout_s=60) as c:
+        assert bridge_daemon.ws_address in c.status().listen_addresses
+
+
+def test_generate_streams_chunks_then_end(bridge: BridgeClient) -> None:
+    frames = bridge.call("Generate", {"prompt": "The three primary colors are", "maxTokens": 6, "sampling": {"temperature": 0}})
+    chunks = [f["chunk"] for f in frames if "chunk" in f]
+    assert frames[-1] == {"id": "c", "end": True}
+    final = chunks[-1]["final"]
+    assert final["finishReason"] == "FINISH_REASON_LENGTH"
+    assert final["usage"]["completionTokens"] == 6
+    assert sum(len(c["tokenIds"]) for c in chunks) == 6
+    assert "".join(c["text"] for c in chunks).strip()
+
+
+def test_snake_case_requests_and_integer_ids_work_too(bridge: BridgeClient) -> None:
+    frames = bridge.call("Generate", {"prompt": "Hello", "max_tokens": 2, "sampling": {"temperature": 0}}, call_id=7)
+    assert frames[-1] == {"id": 7, "end": True}
+    [result] = bridge.call("GetStatus", call_id=8)
+    assert result["result"]["model"]["architecture"] == "llama"
+    assert result["result"]["limits"]["maxTokensPerRequest"] == 512
+
+
+def test_errors_carry_grpc_status_names(bridge: BridgeClient) -> None:
+    [frame] = bridge.call("EndSession", {"sessionId": "nobody"})
+    assert frame["error"]["code"] == "NOT_FOUND" and "nobody" in frame["error"]["message"]
+    [frame] = bridge.call("Generate", {"prompt": ""}, call_id="empty")
+    assert frame["error"]["code"] == "INVALID_ARGUMENT"
+    [frame] = bridge.call("Generate", {"prompt": "x", "maxTokens": 100000}, call_id="big")
+    assert frame["error"]["code"] == "INVALID_ARGUMENT"
+    [frame] = bridge.call("SetBudget", {"vramSize": "two gigs"}, call_id="budget")
+    assert frame["error"]["code"] == "INVALID_ARGUMENT"
+    [frame] = bridge.call("Teleport", call_id="nope")
+    assert frame["error"]["code"] == "UNIMPLEMENTED"
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        "not json",
+        "[1, 2, 3]",
+        '"a string"',
+        "null",
+        "{}",
+        '{"id": "x"}',
+        '{"id": true, "method": "GetStatus"}',
+        '{"id": {"a": 1}, "method": "GetStatus"}',
+        '{"id": "x", "method": 5}',
+        '{"id": "x", "method": "Generate", "request": [1]}',
+        '{"id": "x", "method": "Generate", "request": {"prompt": 5}}',
+        '{"id": "x", "method": "Generate", "request": {"noSuchField": 1}}',
+        '{"id": "x", "method": "Generate", "request": {"maxTokens": -1}}',
+        '{"id": "x", "method": "GetStatus", "timeoutMs": -5}',
+        '{"id": "x", "method": "GetStatus", "colour": "blue"}',
+        '{"id": "x", "cancel": "yes"}',
+        "[" * 100_000 + "]" * 100_000,
+        b"\xff\xfe binary garbage",
+    ],
+)
+def test_frames_it_cannot_use_get_invalid_argument_and_the_socket_stays_usable(bridge: BridgeClient, frame) -> None:
+    bridge.send(frame)
+    reply = bridge.recv()
+    assert reply["error"]["code"] == "INVALID_ARGUMENT", reply
+    assert reply["id"] in (None, "x")
+    assert status_over_bridge(bridge)["phase"] == "ENGINE_PHASE_READY"
+
+
+def test_binary_frames_holding_json_are_accepted(bridge: BridgeClient) -> None:
+    bridge.send(json.dumps({"id": "bin", "method": "GetStatus"}).encode())
+    assert "result" in bridge.recv()
+
+
+def test_calls_are_multiplexed_on_one_socket(bridge: BridgeClient) -> None:
+    for i in range(3):
+        bridge.send({"id": f"m{i}", "method": "Generate", "request": {"prompt": f"Number {i}:", "maxTokens": 4}})
+    bridge.send({"id": "s", "method": "GetStatus"})
+    ends = set()
+    for i in range(3):
+        frames = list(bridge.frames_of(f"m{i}"))
+        assert frames[-1]["end"] is True
+        ends.add(f"m{i}")
+    assert "result" in list(bridge.frames_of("s"))[-1]
+    assert ends == {"m0", "m1", "m2"}
+
+
+def test_a_reused_id_is_refused_while_its_call_runs(bridge: BridgeClient) -> None:
+    bridge.send({"id": "dup", "method": "Generate", "request": {**COUNTING, "maxTokens": 200}})
+    bridge.send({"id": "dup", "method": "GetStatus"})
+    frames = list(bridge.frames_of("dup"))
+    errors = [f for f in frames if "error" in f]
+    assert errors and errors[0]["error"]["code"] == "INVALID_ARGUMENT"
+    # The first call goes on; cancel it so it does not hold the engine.
+    bridge.send({"id": "dup", "cancel": True})
+    assert list(bridge.frames_of("dup"))[-1]["error"]["code"] == "CANCELLED"
+
+
+def test_cancel_frame_ends_the_call_and_frees_its_sequence(bridge: BridgeClient) -> None:
+    bridge.send({"id": "long", "method": "Generate", "request": {**COUNTING, "maxTokens": 500}})
+    first = next(bridge.frames_of("long"))
+    assert "chunk" in first
+    bridge.send({"id": "long", "cancel": True})
+    frames = list(bridge.frames_of("long"))
+    assert frames[-1]["error"]["code"] == "CANCELLED"
+    assert wait_until_idle(bridge)["throughput"]["requestsActive"] == 0
+    # A cancel for a call that is over is ignored: no frame comes back for it.
+    bridge.send({"id": "long", "cancel": True})
+    assert "result" in bridge.call("GetStatus", call_id="after")[-1]
+
+
+def test_timeout_ms_ends_a_call_with_deadline_exceeded(bridge: BridgeClient) -> None:
+    frames = bridge.call("Generate", {**COUNTING, "maxTokens": 500}, call_id="t", timeoutMs=300)
+    assert frames[-1]["error"]["code"] == "DEADLINE_EXCEEDED"
+    assert wait_until_idle(bridge)["throughput"]["requestsActive"] == 0
+
+
+def test_watch_state_streams_until_cancelled(bridge: BridgeClient) -> None:
+    bridge.send({"id": "w", "method": "WatchState"})
+    first = next(bridge.frames_of("w"))
+    assert first["chunk"]["phase"] == "ENGINE_PHASE_READY" and first["chunk"]["reason"] == "initial"
+    bridge.send({"id": "w", "cancel": True})
+    assert list(bridge.frames_of("w"))[-1]["error"]["code"] == "CANCELLED"
+
+
+def test_a_client_that_reads_late_still_gets_every_frame_in_order(bridge: BridgeClient) -> None:
+    bridge.send({"id": "slow", "method": "Generate", "request": {"prompt": "Once upon a time", "maxTokens": 30, "sampling": {"temperature": 0}}})
+    time.sleep(2)  # not reading: the daemon's side of the socket backs up
+    frames = list(bridge.frames_of("slow"))
+    chunks = [f["chunk"] for f in frames if "chunk" in f]
+    assert frames[-1]["end"] is True
+    assert chunks[-1]["final"]["usage"]["completionTokens"] == sum(len(c["tokenIds"]) for c in chunks)
+
+
+def test_a_frame_over_the_size_limit_closes_only_that_connection(bridge_daemon: RunningDaemon) -> None:
+    with BridgeClient(bridge_daemon.ws_address, bridge_daemon.token) as big:
+        big.send(json.dumps({"id": "big", "method": "Generate", "request": {"prompt": "x" * (16 << 20)}}))
+        with pytest.raises(ConnectionClosed) as closed:
+            big.recv()
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009  # message too big
+    with BridgeClient(bridge_daemon.ws_address, bridge_daemon.token) as other:
+        assert status_over_bridge(other)["phase"] == "ENGINE_PHASE_READY"
