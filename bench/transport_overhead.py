@@ -97,7 +97,8 @@ def main() -> int:
     model = args.model or default_model_path()
     threads = args.threads or Settings().cpu_threads()
     prompts = rendered_prompts(model, args.repeats + 1)
-    common = ["--model", str(model), "--threads", str(threads), "--flash-attention", "off", "--ctx", "4096"]
+    # Same settings on both sides: no planner, the threads and flash-attention setting given here.
+    common = ["--model", str(model), "--threads", str(threads), "--flash-attention", "off", "--ctx", "4096", "--profile", "off"]
     daemon = start_daemon(*common)
     llm = Llama(
         model_path=str(model), n_ctx=4096, n_batch=512, n_threads=threads, n_threads_batch=threads,
@@ -122,6 +123,9 @@ def main() -> int:
     d_tps, l_tps = summarize([r[0] for r in daemon_runs]), summarize([r[0] for r in local_runs])
     d_ttft, l_ttft = summarize([r[1] for r in daemon_runs]), summarize([r[1] for r in local_runs])
     ratio = d_tps["median"] / l_tps["median"]
+    # Each daemon run sits next to an in-process run: the median of the pairs' ratios cancels
+    # slow drifts of the machine that the ratio of medians does not.
+    paired = statistics.median(d[0] / l[0] for d, l in zip(daemon_runs, local_runs))
     print()
     print(f"model {model.name}, {threads} threads, {args.tokens} tokens, {args.repeats} interleaved repeats")
     print(f"{'':28}{'median':>10}{'min':>10}{'max':>10}")
@@ -129,13 +133,14 @@ def main() -> int:
     print(f"{'in-process decode tok/s':28}{l_tps['median']:10.1f}{l_tps['min']:10.1f}{l_tps['max']:10.1f}")
     print(f"{'daemon first token ms':28}{d_ttft['median']:10.1f}{d_ttft['min']:10.1f}{d_ttft['max']:10.1f}")
     print(f"{'in-process first token ms':28}{l_ttft['median']:10.1f}{l_ttft['min']:10.1f}{l_ttft['max']:10.1f}")
-    print(f"daemon / in-process decode: {ratio:.3f}  (target >= 0.95: {'met' if ratio >= 0.95 else 'NOT met'})")
+    print(f"daemon / in-process decode: {ratio:.3f} (ratio of medians), {paired:.3f} (median of paired runs)"
+          f"  (target >= 0.95: {'met' if min(ratio, paired) >= 0.95 else 'NOT met'})")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({
             "model": model.name, "threads": threads, "tokens": args.tokens, "repeats": args.repeats,
             "daemon_decode_tps": d_tps, "in_process_decode_tps": l_tps,
-            "daemon_ttft_ms": d_ttft, "in_process_ttft_ms": l_ttft, "ratio": ratio,
+            "daemon_ttft_ms": d_ttft, "in_process_ttft_ms": l_ttft, "ratio": ratio, "paired_ratio": paired,
         }, indent=2))
     return 0
 

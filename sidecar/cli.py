@@ -34,6 +34,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch", type=int, help="most prompt tokens per forward pass (default 512)")
     p.add_argument("--threads", type=int, help="CPU threads (default: one per physical core)")
     p.add_argument("--flash-attention", choices=("auto", "on", "off"))
+    p.add_argument("--profile", help='machine profile the planner uses: auto (measure once, default), off, or a file')
     p.add_argument("--max-sessions", type=int, help="most NPC sessions kept at once (default 64)")
     p.add_argument("--max-prompt-tokens", type=int, help="longest prompt accepted, in tokens (default: three quarters of --ctx)")
     p.add_argument("--max-tokens-per-request", type=int, help="largest max_tokens accepted (default 2048)")
@@ -89,7 +90,7 @@ def _register_optional(sub: argparse._SubParsersAction) -> None:
     # trimmed build (e.g. a frozen game bundle without the profiler) just lacks its command.
     import importlib
 
-    for module in ("sidecar.testmodels.cli", "sidecar.profiler.cli"):
+    for module in ("sidecar.testmodels.cli", "sidecar.profiler.cli", "sidecar.planner.cli"):
         try:
             register = importlib.import_module(module).register
         except ImportError:

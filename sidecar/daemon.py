@@ -9,7 +9,9 @@ import structlog
 
 from sidecar import __version__
 from sidecar.engine import Engine
-from sidecar.executor import engine_config, gpu_free_bytes
+from sidecar.default_model import default_model_path
+from sidecar.engine.native_model import check_gguf_file
+from sidecar.executor import describe_placement, engine_config, gpu_free_bytes, load_plan_inputs
 from sidecar.lifecycle.daemon_lifecycle import DaemonLifecycle
 from sidecar.service.budget_control import BudgetControl
 from sidecar.service.core import ServiceInfo, SidecarService
@@ -32,8 +34,10 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> None:
 
 
 async def _serve(settings: Settings, lifecycle: DaemonLifecycle, ready: asyncio.Event | None) -> None:
-    config = engine_config(settings)
     budget = settings.budget_value
+    check_gguf_file(settings.model or default_model_path())  # a wrong path fails before any profiling
+    inputs = await asyncio.to_thread(load_plan_inputs, settings)
+    config = engine_config(settings, budget, inputs)
     stop = lifecycle.stop  # set by SIGINT/SIGTERM and by the parent's death
     log.info("loading model", path=str(config.model_path), budget=budget.describe())
     engine = await asyncio.to_thread(Engine, config)
@@ -41,7 +45,7 @@ async def _serve(settings: Settings, lifecycle: DaemonLifecycle, ready: asyncio.
         info = ServiceInfo(__version__, (), settings.max_message_bytes, settings.stream_interval_ms / 1000.0)
         service = SidecarService(engine, budget, info)
         service.budget_control = BudgetControl(
-            engine, budget, lambda b: engine_config(settings, b), service.state, gpu_free_bytes
+            engine, budget, lambda b: engine_config(settings, b, inputs), service.state, gpu_free_bytes
         )
         transports = await start_transports(service, settings, lifecycle.authenticator)
         service.info = replace(info, listen_addresses=transports.addresses)
@@ -51,9 +55,11 @@ async def _serve(settings: Settings, lifecycle: DaemonLifecycle, ready: asyncio.
             **transports.log_fields(),
             **lifecycle.log_fields(),
             model=engine.facts.name,
-            threads=config.threads_decode,
             ctx=config.n_ctx,
-            placement="cpu only (the VRAM planner is not in this version)",
+            parallel=config.n_seq,
+            tier_threads=dict(config.tier_threads),
+            placement=describe_placement(config),
+            planned=inputs is not None,
         )
         if ready is not None:
             ready.set()

@@ -1,20 +1,122 @@
 """From the budget in force to what the engine runs: plan, then turn the plan into llama.cpp settings.
 
-Until the planner lands this is the CPU-only plan: all weights in host memory, and the threads of
-every token tier capped by what the game allows.
+The planner is pure; this is its shell for the daemon. At start it gets the machine's profile
+(measuring a quick one on first start) and the model's header, and for every budget it plans a
+Schedule and maps it onto an EngineConfig: tensor overrides, GPU layers, KV placement, op offload,
+micro-batch, flash attention and threads per token tier.
 """
 
 from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import structlog
 
 from sidecar.budget import Budget
 from sidecar.default_model import default_model_path
 from sidecar.engine import EngineConfig
 from sidecar.settings import Settings
 
+log = structlog.get_logger("executor")
 
-def engine_config(settings: Settings, budget: Budget | None = None) -> EngineConfig:
+# Read once by ggml's CUDA backend when it registers: batches at least this large run
+# host-resident weights on the GPU (streamed), smaller ones on the CPU.
+OP_OFFLOAD_ENV = "GGML_OP_OFFLOAD_MIN_BATCH"
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    """What the planner needs besides the budget: the model's structure and this machine."""
+
+    model: object  # sidecar.model_info.ModelInfo
+    hardware: object  # sidecar.planner.HardwareModel
+
+
+def load_plan_inputs(settings: Settings) -> PlanInputs | None:
+    """The model header and this machine's profile, or None when planning is off (--profile off)
+    or impossible (then the daemon runs the CPU plan and says why)."""
+    if settings.profile == "off":
+        return None
+    try:
+        from sidecar.model_info import inspect_gguf
+        from sidecar.planner import hardware_from_profile
+        from sidecar.profiler import ensure_profile, load_profile
+
+        if settings.profile == "auto":
+            db, created = ensure_profile(quick=True, log=log)
+            if created:
+                log.info("measured this machine once (quick profile); `xlm-sidecar profile` makes a full one")
+        else:
+            db = load_profile(Path(settings.profile))
+        return PlanInputs(inspect_gguf(settings.model or default_model_path()), hardware_from_profile(db))
+    except Exception as e:  # a planner problem must not keep the game's NPCs silent
+        log.warning("planning unavailable; running the CPU plan", reason=f"{type(e).__name__}: {e}")
+        return None
+
+
+def engine_config(settings: Settings, budget: Budget | None = None, inputs: PlanInputs | None = None) -> EngineConfig:
     """The engine configuration for `budget` (default: the one the daemon was started with)."""
     budget = budget or settings.budget_value
+    base = cpu_engine_config(settings, budget)
+    if inputs is None:
+        return base
+    from sidecar.planner import PlanOptions, plan
+
+    schedule = plan(
+        inputs.model,
+        inputs.hardware,
+        budget,
+        ctx=settings.ctx * settings.parallel,
+        options=PlanOptions(n_batch=settings.batch, flash_attention=settings.flash_attention_flag),
+    )
+    return config_from_schedule(base, schedule, settings.threads)
+
+
+def config_from_schedule(base: EngineConfig, schedule, threads_flag: int = 0) -> EngineConfig:
+    """`base` with the schedule's placement and threads. An explicit --threads caps every tier."""
+
+    def cap(n: int) -> int:
+        return min(n, threads_flag) if threads_flag else n
+
+    tiers = tuple(sorted({(t.max_tokens, cap(t.threads)) for t in schedule.tiers}))
+    gpu = _gpu_device_name()
+    overrides = tuple((pattern, gpu if device == "GPU0" else "CPU") for pattern, device in schedule.tensor_overrides)
+    if schedule.op_offload and gpu != "CPU":
+        # Only takes effect before the CUDA backend registers (the first model load).
+        os.environ.setdefault(OP_OFFLOAD_ENV, str(schedule.op_offload_min_batch))
+    return replace(
+        base,
+        n_ubatch=min(schedule.micro_batch, base.n_batch),
+        threads_decode=cap(schedule.threads_decode),
+        threads_prefill=cap(schedule.threads_prefill),
+        tier_threads=tiers,
+        flash_attention=schedule.flash_attention,
+        n_gpu_layers=schedule.n_gpu_layers if gpu != "CPU" else 0,
+        tensor_overrides=overrides if gpu != "CPU" else (),
+        op_offload=schedule.op_offload,
+        kv_on_gpu=schedule.kv_on_gpu,
+    )
+
+
+def describe_placement(config: EngineConfig) -> str:
+    """One line for the log: where the weights and the KV cache live."""
+    if config.n_gpu_layers == 0 and not config.tensor_overrides:
+        return "cpu only"
+    kv = "KV in VRAM" if config.kv_on_gpu else "KV in host memory"
+    return f"{config.n_gpu_layers} layers on the GPU, {len(config.tensor_overrides)} tensor overrides, {kv}"
+
+
+def _gpu_device_name() -> str:
+    """ggml's name for the first GPU ("CUDA0"), or "CPU" when llama.cpp sees none."""
+    from sidecar.profiler.ggml_devices import list_ggml_devices
+
+    return next((d.name for d in list_ggml_devices() if d.is_gpu), "CPU")
+
+
+def cpu_engine_config(settings: Settings, budget: Budget) -> EngineConfig:
+    """Everything in host memory, one thread count for all tiers, capped by the game."""
     threads = settings.cpu_threads()
     if budget.max_cpu_threads:
         threads = min(threads, budget.max_cpu_threads)

@@ -35,6 +35,7 @@ class Settings(BaseSettings):
     batch: int = Field(512, ge=1, le=1 << 16, description="most prompt tokens per forward pass")
     threads: int = Field(0, ge=0, le=4096, description="CPU threads; 0 = one per physical core")
     flash_attention: Literal["auto", "on", "off"] = "auto"
+    profile: str = Field("auto", description='machine profile for the planner: "auto" (measure once), "off", or a file')
     max_sessions: int = Field(64, ge=1, le=100_000)
     max_prompt_tokens: int = Field(0, ge=0, description="longest prompt in tokens; 0 = three quarters of --ctx")
     max_tokens_per_request: int = Field(2048, ge=1)

@@ -36,7 +36,7 @@ class RunningDaemon:
 
 
 def start_daemon(
-    *args: str, timeout_s: float = 60.0, env: dict[str, str] | None = None, token: str | None = "auto"
+    *args: str, timeout_s: float = 180.0, env: dict[str, str] | None = None, token: str | None = "auto"
 ) -> RunningDaemon:
     """Start `xlm-sidecar serve --port 0 ...` and wait for its "listening" log line.
 
