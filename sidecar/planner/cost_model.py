@@ -1,0 +1,517 @@
+"""Roofline cost model: how long one forward pass takes for a placement, from the hardware model.
+
+Every figure here is a pure function of frozen inputs. The terms, and why each is there:
+
+  unit on a device   measured kernel time of the nearest profiled op, scaled to the unit by
+                     max(bytes ratio, FLOPs ratio) (the roofline: a kernel below its ridge point
+                     costs bytes, above it FLOPs), interpolated over batch (log-log), shape
+                     (log of params), weight type (nearest bits per weight) and threads (log);
+                     without a profile, max(bytes / bandwidth, FLOPs / FLOP rate).
+  attention context  reading the KV cache the new tokens attend to, and the Q.K / P.V FLOPs over
+                     it, on the device that holds the cache.
+  streamed unit      its weights (for experts, only those the batch touches) cross PCIe, then
+                     the GPU computes it. Per split, time = max(compute, overlap x prefetch of the
+                     next split) + (1 - overlap) x that prefetch: llama.cpp's op offload copies
+                     synchronously (overlap 0); a double-buffered executor hides it (overlap 1).
+  busy figures       while copies run the CPU is slower (its kernels by the profile's busy
+                     factor) and so is PCIe (the busy bandwidth), when the two really overlap.
+  device switches    each hand-over between CPU and GPU synchronises and moves the activations.
+  overheads          per layer (norms, rope, residual adds, barriers) and per pass (graph build,
+                     launch), from the profile's skeleton probes or the constants below.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from sidecar.model_info.ggml_types import bits_per_weight, known_type
+from sidecar.model_info.kv import attention_flops, kv_read_bytes
+from sidecar.model_info.model import ModelInfo
+from sidecar.model_info.units import ATTENTION, EMBEDDING, MOE_EXPERTS, OUTPUT, SubLayer
+from sidecar.planner.hardware_model import GB, HardwareModel, KernelPoint
+
+ON_CPU = "cpu"
+ON_GPU = "gpu"
+STREAMED = "streamed"
+
+# --- GPU constants (used where the profile has no GPU figures) -------------------------------
+# Quantized mat-vec kernels reach about this share of the data-sheet VRAM bandwidth.
+GPU_BW_EFFICIENCY = 0.75
+# Quantized matmul (dequantize + MMQ / cuBLAS) reaches about this share of data-sheet FLOPs.
+GPU_COMPUTE_EFFICIENCY = 0.5
+# Launch and tail of one kernel; a sub-layer is several kernels.
+GPU_KERNEL_S = 5e-6
+GPU_KERNELS_PER_UNIT = 6
+# Graph build and the final synchronisation of a pass that uses the GPU.
+GPU_PASS_OVERHEAD_S = 250e-6
+# Norms, rope, residual adds of one layer on the GPU: a handful of small kernels.
+GPU_LAYER_OVERHEAD_S = 40e-6
+
+# --- CPU constants (used where the profile has no figure) ------------------------------------
+# One token's mat-vec cannot use the SIMD units fully (no reuse of a loaded weight, no
+# repacked GEMM); the efficiency climbs to 1 by CPU_FULL_BATCH tokens.
+CPU_MATVEC_EFFICIENCY = 0.3
+CPU_FULL_BATCH = 32
+# A second hardware thread on a core adds this share of a core.
+SMT_GAIN = 0.2
+# Float weights run the CPU's float kernels, slower than the integer-dot quantized ones.
+CPU_FLOAT_FACTOR = 0.6
+# Attention over the cache (F16 dot products, softmax) runs below matmul throughput.
+CPU_ATTENTION_EFFICIENCY = 0.5
+CPU_LAYER_OVERHEAD_S = 15e-6
+CPU_GRAPH_OVERHEAD_S = 60e-6
+
+# --- the link ---------------------------------------------------------------------------------
+# A CPU<->GPU hand-over: synchronise both sides plus the latency of a small copy.
+DEVICE_SWITCH_S = 30e-6
+# Latency of starting one host-to-device copy.
+PCIE_COPY_LATENCY_S = 10e-6
+
+# Profile op names by unit kind: which measured kernel a unit's time is read from.
+_OP_BY_KIND = {ATTENTION: "attn_qkvo", MOE_EXPERTS: "moe_experts"}
+_FALLBACK_OPS = {"attn_qkvo": ("attn_qkvo", "ffn"), "ffn": ("ffn", "attn_qkvo"),
+                 "moe_experts": ("moe_experts", "ffn", "attn_qkvo")}
+
+
+@dataclass(frozen=True)
+class ExecutorModel:
+    """What the executor can overlap: share of a streamed copy hidden under the previous compute."""
+
+    name: str
+    copy_overlap: float
+
+
+# llama.cpp's op offload copies a host weight synchronously before the op that needs it.
+OP_OFFLOAD = ExecutorModel("llama.cpp op offload (copy, then compute)", 0.0)
+# The method's double-buffered slot: the next copy runs while this split computes.
+DOUBLE_BUFFERED = ExecutorModel("double-buffered streaming", 1.0)
+
+
+@dataclass(frozen=True)
+class PassShape:
+    """One forward pass: `tokens` new tokens from `n_seq` sequences, each of which has `context`
+    tokens cached already, asking for `n_outputs` rows of logits."""
+
+    tokens: int
+    n_seq: int
+    context: int
+    n_outputs: int
+
+    @staticmethod
+    def decode(n_seq: int, context: int) -> PassShape:
+        """One new token for each of `n_seq` sequences, every one of them wanting logits."""
+        return PassShape(n_seq, n_seq, context, n_seq)
+
+    @staticmethod
+    def prefill(tokens: int, offset: int = 0, last: bool = True) -> PassShape:
+        """A chunk of one prompt starting at `offset`; only the prompt's last chunk wants logits."""
+        return PassShape(tokens, 1, offset, 1 if last else 0)
+
+
+@dataclass(frozen=True)
+class PassCost:
+    """Predicted time of one pass and where it went (seconds)."""
+
+    seconds: float
+    cpu_seconds: float
+    gpu_seconds: float
+    copy_seconds: float
+    exposed_copy_seconds: float
+    overhead_seconds: float
+    copy_bytes: float
+    # CPU time spent while copies run: the staging of pageable copies, plus CPU splits that
+    # overlap a copy.
+    cpu_busy_seconds: float
+
+
+# ------------------------------------------------------------------ interpolation helpers
+
+
+def _lerp_log(x: float, x0: float, x1: float, y0: float, y1: float) -> float:
+    """y at x, linear in log x and log y between (x0, y0) and (x1, y1)."""
+    if x1 == x0 or y0 <= 0 or y1 <= 0:
+        return y0
+    w = math.log(x / x0) / math.log(x1 / x0)
+    return math.exp(math.log(y0) + w * (math.log(y1) - math.log(y0)))
+
+
+def series_seconds(series: tuple[KernelPoint, ...], batch: float, unit_bytes: float, unit_flops: float) -> float:
+    """Time of a unit reading `unit_bytes` and computing `unit_flops` at `batch` tokens, from one
+    measured series (one op, shape, type, thread count; sorted by batch).
+
+    The probe's own time, bytes and FLOPs are interpolated at `batch` (log-log between measured
+    batches; linear in batch beyond the largest, where kernels are compute-bound), then scaled
+    by the larger of the bytes and FLOPs ratios.
+    """
+    first, last = series[0], series[-1]
+    if batch <= first.batch:
+        p = first
+        t, w, f = p.seconds, p.weight_bytes, p.flops * batch / p.batch
+    elif batch >= last.batch:
+        p = last
+        t, w, f = p.seconds * batch / p.batch, p.weight_bytes, p.flops * batch / p.batch
+    else:
+        hi = next(i for i, p in enumerate(series) if p.batch >= batch)
+        a, b = series[hi - 1], series[hi]
+        t = _lerp_log(batch, a.batch, b.batch, a.seconds, b.seconds)
+        w = _lerp_log(batch, a.batch, b.batch, a.weight_bytes, b.weight_bytes)
+        f = _lerp_log(batch, a.batch, b.batch, a.flops, b.flops)
+    ratio = max(unit_bytes / w if w > 0 else 0.0, unit_flops / f if f > 0 else 0.0)
+    return t * ratio
+
+
+def _nearest_type(available: set[str], wanted: str) -> str:
+    if wanted in available:
+        return wanted
+    bits = bits_per_weight(wanted) if known_type(wanted) else 4.5
+    return min(available, key=lambda t: (abs(math.log(bits_per_weight(t) / bits)) if known_type(t) else 9, t))
+
+
+def _active_params(series: tuple[KernelPoint, ...]) -> float:
+    p = series[0]
+    return p.flops / (2.0 * p.batch) if p.batch else 1.0
+
+
+def _measured_seconds(hw: HardwareModel, op: str, device: str, weight_type: str, batch: float,
+                      threads: int, busy: bool, unit_bytes: float, unit_flops: float,
+                      unit_params: float) -> float | None:
+    """The unit's time from the profile's series of `op`, or None when nothing was measured."""
+    keys = [k for k in hw.kernel_series if k[0] == op and k[1] == device and k[5] == busy]
+    if not keys and busy:
+        # No busy figure for this op: its idle figure, slowed by the machine's busy factor.
+        idle = _measured_seconds(hw, op, device, weight_type, batch, threads, False, unit_bytes, unit_flops,
+                                 unit_params)
+        return None if idle is None else idle * hw.cpu.busy_slowdown
+    if not keys:
+        return None
+    wtype = _nearest_type({k[3] for k in keys}, weight_type)
+    keys = [k for k in keys if k[3] == wtype]
+    thread_counts = sorted({k[4] for k in keys})
+    if device == ON_GPU:
+        thread_counts = thread_counts[-1:]
+
+    def at_threads(t: int) -> float:
+        shapes = [hw.kernel_series[k] for k in keys if k[4] == t]
+        sized = sorted(((_active_params(s), s) for s in shapes), key=lambda x: x[0])
+        estimates = [(size, series_seconds(s, batch, unit_bytes, unit_flops)) for size, s in sized]
+        if unit_params <= estimates[0][0] or len(estimates) == 1:
+            return estimates[0][1]
+        if unit_params >= estimates[-1][0]:
+            return estimates[-1][1]
+        hi = next(i for i, (size, _) in enumerate(estimates) if size >= unit_params)
+        (s0, t0), (s1, t1) = estimates[hi - 1], estimates[hi]
+        return _lerp_log(unit_params, s0, s1, t0, t1)
+
+    if threads <= thread_counts[0]:
+        return at_threads(thread_counts[0])
+    if threads >= thread_counts[-1]:
+        return at_threads(thread_counts[-1])
+    hi = next(i for i, t in enumerate(thread_counts) if t >= threads)
+    t0, t1 = thread_counts[hi - 1], thread_counts[hi]
+    return _lerp_log(threads, t0, t1, at_threads(t0), at_threads(t1))
+
+
+# ------------------------------------------------------------------ roofline fallbacks
+
+
+def cpu_bandwidth_gbps(hw: HardwareModel, threads: int) -> float:
+    """DRAM bandwidth `threads` threads can stream: one core's share each, up to the bus."""
+    return min(hw.cpu.dram_gbps, hw.cpu.gbps_per_core * max(1, threads))
+
+
+def effective_cores(hw: HardwareModel, threads: int) -> float:
+    """Cores' worth of compute from `threads` threads: full cores first, then SMT siblings."""
+    c = hw.cpu
+    full = min(threads, c.physical_cores)
+    smt = max(0, min(threads, c.logical_cores) - c.physical_cores)
+    return max(1.0, full + SMT_GAIN * smt)
+
+
+def cpu_flops_rate(hw: HardwareModel, threads: int, batch: float, weight_type: str) -> float:
+    """Matmul FLOP/s on the CPU for `batch` tokens (roofline constant, no profile)."""
+    eff = min(1.0, CPU_MATVEC_EFFICIENCY + (1 - CPU_MATVEC_EFFICIENCY) * math.log2(max(batch, 1))
+              / math.log2(CPU_FULL_BATCH))
+    kind = CPU_FLOAT_FACTOR if weight_type.upper() in ("F16", "BF16", "F32") else 1.0
+    return hw.cpu.gflops_per_core * GB * effective_cores(hw, threads) * eff * kind
+
+
+def _roofline_cpu(hw: HardwareModel, unit_bytes: float, unit_flops: float, batch: float, threads: int,
+                  weight_type: str) -> float:
+    return max(unit_bytes / (cpu_bandwidth_gbps(hw, threads) * GB),
+               unit_flops / cpu_flops_rate(hw, threads, batch, weight_type))
+
+
+def _roofline_gpu(hw: HardwareModel, unit_bytes: float, unit_flops: float) -> float:
+    g = hw.gpu
+    assert g is not None
+    return (max(unit_bytes / (g.mem_gbps * GB * GPU_BW_EFFICIENCY),
+                unit_flops / (g.tflops * 1e12 * GPU_COMPUTE_EFFICIENCY))
+            + GPU_KERNELS_PER_UNIT * GPU_KERNEL_S)
+
+
+# ------------------------------------------------------------------ per unit
+
+
+def unit_tokens(unit: SubLayer, shape: PassShape) -> int:
+    """Rows the unit multiplies in this pass: logits rows for the output, all tokens otherwise."""
+    return shape.n_outputs if unit.kind == OUTPUT else shape.tokens
+
+
+def compute_seconds(hw: HardwareModel, unit: SubLayer, device: str, shape: PassShape, threads: int,
+                    busy: bool = False) -> float:
+    """Seconds `device` ("cpu" or "gpu") spends on the unit's matrix products in this pass.
+
+    `busy`: a host-to-device copy runs at the same time (CPU kernels then use the busy figures).
+    """
+    tokens = unit_tokens(unit, shape)
+    if tokens <= 0:
+        return 0.0
+    unit_bytes = unit.bytes_read(tokens)
+    unit_flops = unit.flops(tokens)
+    if unit.kind == EMBEDDING:
+        # A row lookup: bandwidth only.
+        bw = cpu_bandwidth_gbps(hw, threads) if device == ON_CPU else hw.gpu.mem_gbps  # type: ignore[union-attr]
+        return unit_bytes / (bw * GB)
+    op = _OP_BY_KIND.get(unit.kind, "ffn")
+    params = unit.flops_per_token / 2.0
+    for candidate in _FALLBACK_OPS[op]:
+        batch: float = tokens
+        if unit.kind == MOE_EXPERTS and candidate != "moe_experts":
+            # Without an expert probe, each touched expert is a dense matmul over its share.
+            batch = unit.tokens_per_expert(tokens)
+            params = unit.flops_per_token / 2.0 / max(unit.n_expert_used, 1)
+        measured = _measured_seconds(hw, candidate, device, unit.weight_type, batch, threads, busy,
+                                     unit_bytes, unit_flops, params)
+        if measured is not None:
+            return measured
+    if device == ON_GPU:
+        return _roofline_gpu(hw, unit_bytes, unit_flops)
+    seconds = _roofline_cpu(hw, unit_bytes, unit_flops, tokens, threads, unit.weight_type)
+    return seconds * (hw.cpu.busy_slowdown if busy else 1.0)
+
+
+def copy_seconds(hw: HardwareModel, unit: SubLayer, shape: PassShape, busy: bool = False) -> float:
+    """Seconds to copy what the pass needs of a host-resident unit to the GPU.
+
+    Routed experts copy only the experts the batch touches (llama.cpp copies just those).
+    """
+    g = hw.gpu
+    if g is None:
+        raise ValueError("no GPU to stream to")
+    tokens = unit_tokens(unit, shape)
+    if tokens <= 0:
+        return 0.0
+    gbps = g.pcie_busy_gbps if busy else g.pcie_gbps
+    return unit.bytes_read(tokens) / (gbps * GB) + PCIE_COPY_LATENCY_S
+
+
+def measures_own_attention(hw: HardwareModel, device: str) -> bool:
+    """True when the profile's attention op on `device` already includes attention among the
+    pass's own tokens (its probe attends over a cache holding exactly the batch)."""
+    return any(k[0] == "attn_qkvo" and k[1] == device for k in hw.kernel_series)
+
+
+def attention_context_seconds(hw: HardwareModel, model: ModelInfo, layer: int, device: str, shape: PassShape,
+                              threads: int, kv_type: str) -> float:
+    """Seconds for the new tokens of one layer to attend to what they see: the `shape.context`
+    cached tokens and, unless the measured attention op already covers it, on average half of
+    their own sequence's new tokens (causal).
+
+    Each sequence reads its own cache once; every token does the Q.K and P.V work over it.
+    """
+    own = 0.0 if measures_own_attention(hw, device) else shape.tokens / max(shape.n_seq, 1) / 2.0
+    seen = shape.context + own
+    if seen <= 0:
+        return 0.0
+    read = shape.n_seq * kv_read_bytes(model, layer, int(round(seen)), kv_type)
+    flops = shape.tokens * attention_flops(model, layer, int(round(seen)))
+    if device == ON_GPU:
+        g = hw.gpu
+        assert g is not None
+        return max(read / (g.mem_gbps * GB * GPU_BW_EFFICIENCY), flops / (g.tflops * 1e12 * GPU_COMPUTE_EFFICIENCY))
+    rate = cpu_flops_rate(hw, threads, shape.tokens, "F16") * CPU_ATTENTION_EFFICIENCY
+    return max(read / (cpu_bandwidth_gbps(hw, threads) * GB), flops / rate)
+
+
+def _overhead(hw: HardwareModel, kind: str, device: str, tokens: int, threads: int) -> float | None:
+    keys = sorted(k[2] for k in hw.overhead_series if k[0] == kind and k[1] == device)
+    if not keys:
+        return None
+
+    def at(t: int) -> float:
+        series = hw.overhead_series[(kind, device, t)]
+        if tokens <= series[0].batch:
+            return series[0].seconds
+        if tokens >= series[-1].batch:
+            return series[-1].seconds * tokens / series[-1].batch
+        hi = next(i for i, p in enumerate(series) if p.batch >= tokens)
+        a, b = series[hi - 1], series[hi]
+        # Overheads can be ~0 at some points: interpolate linearly, not in log space.
+        w = math.log(tokens / a.batch) / math.log(b.batch / a.batch)
+        return a.seconds + w * (b.seconds - a.seconds)
+
+    if device == ON_GPU or threads >= keys[-1]:
+        return at(keys[-1])
+    if threads <= keys[0]:
+        return at(keys[0])
+    hi = next(i for i, t in enumerate(keys) if t >= threads)
+    t0, t1 = keys[hi - 1], keys[hi]
+    w = math.log(threads / t0) / math.log(t1 / t0)
+    return at(t0) + w * (at(t1) - at(t0))
+
+
+def layer_overhead_seconds(hw: HardwareModel, device: str, tokens: int, threads: int) -> float:
+    """Per-layer time outside the weight products (norms, rope, residuals, barriers)."""
+    measured = _overhead(hw, "layer", device, tokens, threads)
+    if measured is not None:
+        return measured
+    return GPU_LAYER_OVERHEAD_S if device == ON_GPU else CPU_LAYER_OVERHEAD_S
+
+
+def graph_overhead_seconds(hw: HardwareModel, uses_cpu: bool, uses_gpu: bool, tokens: int, threads: int) -> float:
+    """Per-pass time: graph build, thread start, launch and final synchronisation."""
+    total = 0.0
+    if uses_cpu or not uses_gpu:
+        measured = _overhead(hw, "graph", ON_CPU, tokens, threads)
+        total += CPU_GRAPH_OVERHEAD_S if measured is None else measured
+    if uses_gpu:
+        measured = _overhead(hw, "graph", ON_GPU, tokens, threads)
+        total += GPU_PASS_OVERHEAD_S if measured is None else measured
+    return total
+
+
+def switch_seconds(hw: HardwareModel, model: ModelInfo, tokens: int) -> float:
+    """One hand-over between CPU and GPU: synchronise and move the activations (F32 rows)."""
+    if hw.gpu is None:
+        return 0.0
+    return DEVICE_SWITCH_S + tokens * model.n_embd * 4 / (hw.gpu.pcie_gbps * GB)
+
+
+# ------------------------------------------------------------------ one pass
+
+
+def _unit_key(unit: SubLayer) -> tuple:
+    return (unit.kind, unit.weight_type, unit.weight_bytes, unit.flops_per_token, unit.bytes_per_token,
+            unit.n_expert, unit.n_expert_used)
+
+
+def pass_cost(
+    hw: HardwareModel,
+    model: ModelInfo,
+    units: tuple[SubLayer, ...],
+    where: tuple[str, ...],
+    kv_gpu_layers: frozenset[int],
+    shape: PassShape,
+    threads: int,
+    kv_type: str = "F16",
+    executor: ExecutorModel = OP_OFFLOAD,
+    memo: dict | None = None,
+) -> PassCost:
+    """Predicted cost of one pass with unit i running as where[i] ("cpu", "gpu" or "streamed").
+
+    Units run in order; attention over the cache runs where that layer's KV lives. `memo`, when
+    given, caches per-unit figures across calls (same hardware and model only).
+    """
+    if len(where) != len(units):
+        raise ValueError("one placement per unit")
+    memo = {} if memo is None else memo
+    streaming = STREAMED in where
+    overlap = executor.copy_overlap if streaming else 0.0
+    has_gpu = hw.has_gpu
+    local = memo.setdefault(("pass", shape, threads, overlap > 0), {})
+    sigs = memo.setdefault("signatures", {})
+
+    def figures(u: SubLayer) -> tuple[float, float, float, float, float, float, bool]:
+        # (CPU s, CPU s while a copy runs, GPU s, copy s, copy s while the CPU computes, bytes
+        # read, has rows) for this pass; units of identical shape and type (every layer,
+        # usually) share one entry.
+        entry = sigs.get(id(u))
+        if entry is None or entry[0] is not u:
+            entry = sigs[id(u)] = (u, _unit_key(u))
+        found = local.get(entry[1])
+        if found is None:
+            rows = unit_tokens(u, shape)
+            cpu = compute_seconds(hw, u, ON_CPU, shape, threads)
+            copy = copy_seconds(hw, u, shape) if has_gpu else math.inf
+            found = (
+                cpu,
+                compute_seconds(hw, u, ON_CPU, shape, threads, busy=True) if overlap > 0 else cpu,
+                compute_seconds(hw, u, ON_GPU, shape, threads) if has_gpu else math.inf,
+                copy,
+                copy_seconds(hw, u, shape, busy=True) if has_gpu and overlap > 0 else copy,
+                u.bytes_read(rows),
+                rows > 0,
+            )
+            local[entry[1]] = found
+        return found
+
+    switch = switch_seconds(hw, model, shape.tokens)
+    swa = frozenset(model.swa_layers)
+    cpu_s = gpu_s = copy_s = exposed = overhead = copy_bytes = cpu_busy = 0.0
+    switches = 0
+    prev_device = ON_CPU  # the token embedding lookup always runs on the host
+    layer_device: dict[int, str] = {}
+    n = len(units)
+    figs = [figures(u) for u in units]
+    streamed = [w == STREAMED for w in where]
+    if streaming and streamed[0]:
+        exposed += figs[0][3]
+    for i, u in enumerate(units):
+        w = where[i]
+        device = ON_CPU if w == ON_CPU else ON_GPU
+        f = figs[i]
+        # The next unit's weights are copied during this split when it streams; a CPU split
+        # and a copy that really overlap slow each other (the profile's busy figures).
+        nxt_streams = i + 1 < n and streamed[i + 1]
+        contended = overlap > 0 and device == ON_CPU and nxt_streams
+        nxt = (figs[i + 1][4] if contended else figs[i + 1][3]) if nxt_streams else 0.0
+        c = (f[1] if contended else f[0]) if device == ON_CPU else f[2]
+        if u.layer is not None and u.kind == ATTENTION:
+            kv_device = ON_GPU if has_gpu and u.layer in kv_gpu_layers else ON_CPU
+            # Layers differ here only by sliding window, so they share entries.
+            key = ("attention", u.layer in swa, kv_device)
+            core = local.get(key)
+            if core is None:
+                core = local[key] = attention_context_seconds(hw, model, u.layer, kv_device, shape, threads, kv_type)
+            if kv_device == device:
+                c += core
+            else:
+                # The attention core follows the cache: a round trip to its device and back.
+                if kv_device == ON_CPU:
+                    cpu_s += core
+                else:
+                    gpu_s += core
+                overhead += 2 * switch
+            layer_device.setdefault(u.layer, device)
+        if device == ON_CPU:
+            cpu_s += c
+        else:
+            gpu_s += c
+        if f[6] and device != prev_device:
+            switches += 1
+            prev_device = device
+        if w == STREAMED:
+            copy_s += f[3]
+            copy_bytes += f[5]
+        if contended:
+            cpu_busy += c
+        # Per split: max(compute, overlap x next prefetch) + (1 - overlap) x next prefetch.
+        exposed += max(c, overlap * nxt) - c + (1.0 - overlap) * nxt
+    overhead += switches * switch
+    for layer, device in layer_device.items():
+        key = ("layer", device)
+        per_layer = local.get(key)
+        if per_layer is None:
+            per_layer = local[key] = layer_overhead_seconds(hw, device, shape.tokens, threads)
+        overhead += per_layer
+    uses_gpu = any(w != ON_CPU for w in where)
+    uses_cpu = any(w == ON_CPU for w, u in zip(where, units) if u.kind != EMBEDDING)
+    overhead += graph_overhead_seconds(hw, uses_cpu, uses_gpu, shape.tokens, threads)
+    total = cpu_s + gpu_s + exposed + overhead
+    return PassCost(
+        seconds=total, cpu_seconds=cpu_s, gpu_seconds=gpu_s, copy_seconds=copy_s,
+        exposed_copy_seconds=exposed, overhead_seconds=overhead, copy_bytes=copy_bytes,
+        # Pageable copies stage through a CPU thread; overlapped CPU splits run at busy speed.
+        cpu_busy_seconds=copy_s + cpu_busy,
+    )
