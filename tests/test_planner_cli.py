@@ -111,7 +111,7 @@ def test_register_adds_plan_to_another_cli():
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["plan", "--budget", "2G", "--hardware", "laptop-4gb", "--json"])
-    assert args.command == "plan" and args.budget == "2G" and callable(args.func)
+    assert args.command == "plan" and args.budget == "2G" and args.run is args.func
 
 
 @pytest.mark.parametrize(

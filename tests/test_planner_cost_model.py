@@ -20,7 +20,6 @@ from sidecar.planner.cost_model import (
     compute_seconds,
     copy_seconds,
     pass_cost,
-    series_seconds,
 )
 from sidecar.planner.hardware_model import (
     KernelPoint,
@@ -32,6 +31,7 @@ from sidecar.planner.hardware_model import (
     laptop_4gb_pcie4x8,
     parse_pcie,
 )
+from sidecar.planner.measured import series_seconds
 
 LLAMA_8B = {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32,
             "num_key_value_heads": 8, "num_hidden_layers": 32, "vocab_size": 128256}

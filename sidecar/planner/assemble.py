@@ -53,7 +53,6 @@ def build_schedule(model: ModelInfo, hw: HardwareModel, budget: Budget, ctx: int
     ttft, _, _, _ = ev.passes_cost(best.candidate, prompt_passes(prompt, inputs.n_ubatch),
                                    best.threshold, prompt_tier.threads)
     decode_plans = [p for p in plans if p.phase == DECODE]
-    prefill_plans = [p for p in plans if p.phase == PREFILL]
     placements = tuple(
         UnitPlacement(
             unit=u.name, kind=u.kind, layer=u.layer, weight_bytes=u.weight_bytes,
@@ -80,9 +79,10 @@ def build_schedule(model: ModelInfo, hw: HardwareModel, budget: Budget, ctx: int
         tensor_overrides=tensor_overrides(model, units, residency), n_gpu_layers=residency.n_gpu_layers,
         op_offload=op_offload, op_offload_min_batch=threshold,
         threads_decode=(decode_plans[0] if decode_plans else plans[0]).threads,
-        # llama.cpp uses n_threads_batch for every pass of more than one token: the most any
-        # prefill tier wants (each tier's own count is in its TierPlan, for per-pass setting).
-        threads_prefill=max(p.threads for p in (prefill_plans or plans)),
+        # llama.cpp uses n_threads_batch for every pass of more than one token (batched decode
+        # too): the most any such tier wants. Each tier's own count is in its TierPlan, for an
+        # executor that sets threads per pass.
+        threads_prefill=max((p.threads for p in plans if p.max_tokens > 1), default=plans[0].threads),
         micro_batch=inputs.n_ubatch, n_batch=max(options.n_batch, inputs.n_ubatch),
         n_outputs_max=inputs.n_outputs_max, kv_type=inputs.kv_type, kv_on_gpu=bool(residency.kv_layers),
         flash_attention=inputs.flash_attention, kv_unified=False, vram_bytes_by_component=residency.vram,

@@ -20,7 +20,8 @@ def _tiers(text: str) -> tuple[int, ...]:
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """Add `plan` to an argparse subparsers object; its handler is `args.func(args) -> int`."""
+    """Add `plan` to an argparse subparsers object; its handler is `args.run(args)` (also
+    `args.func`) and returns the exit code."""
     parser = subparsers.add_parser(
         "plan",
         help="plan sub-layer placement per token tier within a VRAM budget",
@@ -49,7 +50,8 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--no-anchors", action="store_true", help="skip the -ngl / --fit comparison")
     parser.add_argument("--sweep", action="store_true", help="predicted tokens/s across budgets instead")
     parser.add_argument("--plot", type=Path, metavar="PNG", help="with --sweep: also write this plot (matplotlib)")
-    parser.set_defaults(func=run_plan_command)
+    # The main CLI dispatches on `run`, `python -m sidecar.planner` on `func`.
+    parser.set_defaults(run=run_plan_command, func=run_plan_command)
     return parser
 
 

@@ -61,7 +61,8 @@ class Schedule:
     wins, applied on top of `n_gpu_layers`. op_offload / op_offload_min_batch: host weights
     are copied to the GPU for ops of at least that many tokens (GGML_OP_OFFLOAD_MIN_BATCH,
     read once per process). threads_decode / threads_prefill: llama_set_n_threads(n_threads,
-    n_threads_batch); each TierPlan has its own count for setting per pass. micro_batch /
+    n_threads_batch): one-token passes, and every pass of more than one token (batched decode
+    included, as llama.cpp applies it); each TierPlan has its own count for setting per pass. micro_batch /
     n_batch / n_outputs_max: llama_context_params. kv_unified: False gives every sequence its
     own KV stream, so a pass attends only to its own sequences' cells (the cost model assumes
     so; in a unified cache every pass attends over all cells in use, masked).
