@@ -5,12 +5,12 @@ In one run, on this machine:
   1. a quick profile and a full profile from an empty probe cache (cold), then a second full
      profile reusing the first one's probe files (warm): wall times and database sizes;
   2. the spread between the two full profiles: per kernel entry the ratio of the two
-     measured times (>= 1, slower over faster), its median and the worst entry;
+     measured times (>= 1, slower over faster), its median, 90th percentile and worst entry;
   3. SmolLM2-135M-Instruct Q4_1 decode tokens/s at each thread count three ways:
-       predicted  from the profile: per layer, each sub-layer's weight bytes over the
-                  profiled batch-1 weight stream rate of its type (nearest shape), plus the
-                  output projection the same way, plus the profiled per-layer and per-graph
-                  overheads;
+       predicted  from the second full profile (and, column "quick", from the quick one):
+                  each sub-layer's weight bytes over the profiled batch-1 weight stream
+                  rate of its type (nearest shape), plus the output projection the same
+                  way, plus the profiled per-layer and per-pass overheads;
        roofline   bytes read per token / profiled DRAM read bandwidth;
        measured   llama-cpp-python, greedy, same thread count, flash attention on as in
                   the probes, llama.cpp's own eval timer (prompt excluded).
@@ -18,7 +18,9 @@ In one run, on this machine:
     python bench/profile_report.py [--out DIR] [--reuse] [--tokens 128] [--skip-full]
 
 --out keeps the profiles (default: a temporary folder); --reuse takes profiles already in
---out instead of measuring them again (times then come from the files).
+--out (quick.json, full-1.json, full-2.json) instead of measuring them again (times then
+come from the files). Every figure is printed with the CPU share other processes took
+meanwhile: on a busy machine the numbers mean little (see sidecar/profiler/machine_load.py).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from sidecar.profiler.database import ProfileDB, load_profile, save_profile  # noqa: E402
+from sidecar.profiler.machine_load import OtherLoadMeter  # noqa: E402
 from sidecar.profiler.plan import (  # noqa: E402
     FULL_PLAN,
     OP_ATTENTION,
@@ -256,18 +259,23 @@ def main() -> int:
         print(f"\n== SmolLM2-135M-Instruct Q4_1 decode (profile: {'full-2' if 'full-2' in profiles else 'quick'}) ==")
         print(f"weights read per token: {inv['bytes_per_token'] / 1e6:.1f} MB "
               f"({inv['n_layer']} layers + {inv['output'][0]} output); DRAM read {dram:.1f} GB/s")
-        print(f"{'threads':>7} {'predicted':>10} {'roofline':>9} {'measured':>9} {'pred/meas':>9}  predicted split (ms/token)")
+        print(f"{'threads':>7} {'predicted':>10} {'quick':>7} {'roofline':>9} {'measured':>9} {'pred/meas':>9} "
+              f"{'others':>7}  predicted split (ms/token)")
         for threads in sorted({e.threads for e in reference.entries if e.device == "cpu"}):
             predicted, parts = predicted_tokens_per_s(reference, inv, threads)
+            from_quick, _ = predicted_tokens_per_s(profiles["quick"][0], inv, threads)
             dram_t = reference.bandwidth("dram_read")
             by_threads = [b for b in reference.bandwidths if b.kind == "dram_read" and b.threads == threads]
             bw = by_threads[0].gbps if by_threads else (dram_t.gbps if dram_t else dram)
             roofline = bw * 1e9 / inv["bytes_per_token"]
+            meter = OtherLoadMeter()
             measured = statistics.median(measured_tokens_per_s(model, threads, args.tokens) for _ in range(3))
+            others = meter.share()
             split = ", ".join(f"{k} {v * 1e3:.2f}" for k, v in parts.items())
-            print(f"{threads:7d} {predicted:10.1f} {roofline:9.1f} {measured:9.1f} {predicted / measured:9.2f}  {split}")
-        print("(tokens/s; measured: median of 3 runs; roofline: the DRAM read figure measured at "
-              "that thread count)")
+            print(f"{threads:7d} {predicted:10.1f} {from_quick:7.1f} {roofline:9.1f} {measured:9.1f} {predicted / measured:9.2f} "
+                  f"{others:7.0%}  {split}")
+        print("(tokens/s; quick: predicted from the quick profile; measured: median of 3 runs; others: CPU share other processes used "
+              "meanwhile; roofline: the DRAM read figure measured at that thread count)")
     return 0
 
 
