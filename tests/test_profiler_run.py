@@ -248,3 +248,11 @@ def test_really_slower_threads_are_kept_after_retries():
     assert results[(1, 2)] == pytest.approx(0.02)
     # Bounded work: warm-up plus a few runs per retry, never an endless loop.
     assert session.calls <= CONTENTION_RETRIES * 4
+
+
+def test_f16_sources_are_not_kept_for_families_without_f16(tmp_path):
+    plan = tiny_plan(threads=(1,), batches=(1,), families=(ProbeFamily(TINY, (OP_FFN,), ("Q4_0",)),))
+    run_profile(plan, cache_dir=tmp_path)
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert any("-ffn-Q4_0-" in n for n in names)
+    assert not any("-F16-" in n for n in names)

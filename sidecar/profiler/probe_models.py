@@ -214,6 +214,16 @@ def one_layer_probe(
     return quantize_probe(source, target, weight_type, threads)
 
 
+def drop_f16_source(shape: ProbeShape, kind: str, cache_dir: Path) -> None:
+    """Delete the cached F16 source of a probe whose F16 figures nobody asked for.
+
+    Quantized probes are cached on their own, so the source (the largest file) is only
+    needed again if a quantized one goes missing, and is then rebuilt.
+    """
+    with contextlib.suppress(FileNotFoundError):
+        (cache_dir / probe_name(shape, kind, "F16")).unlink()
+
+
 @dataclass(frozen=True)
 class ProbeWeights:
     """What a one-layer probe file holds: the target tensors' bytes and their types."""

@@ -123,10 +123,12 @@ class CopyLoop:
     """A host-to-device copy that can be repeated, for alone and concurrent measurements."""
 
     def __init__(self, device_index: int, nbytes: int, pinned: bool) -> None:
-        self._stack = contextlib.ExitStack()
         self.nbytes = nbytes
-        self._src = self._stack.enter_context(_host_source(device_index, nbytes, pinned))
-        self._dst = self._stack.enter_context(_device_tensor(device_index, nbytes))
+        with contextlib.ExitStack() as stack:
+            self._src = stack.enter_context(_host_source(device_index, nbytes, pinned))
+            self._dst = stack.enter_context(_device_tensor(device_index, nbytes))
+            # Both acquired: keep them until close(); a failure above frees what was taken.
+            self._stack = stack.pop_all()
 
     def copy_seconds(self) -> float:
         """Wall seconds of one synchronous copy of the whole buffer."""
