@@ -110,7 +110,7 @@ def describe_placement(config: EngineConfig) -> str:
 
 def _gpu_device_name() -> str:
     """ggml's name for the first GPU ("CUDA0"), or "CPU" when llama.cpp sees none."""
-    from sidecar.profiler.ggml_devices import list_ggml_devices
+    from sidecar.ggml_devices import list_ggml_devices
 
     return next((d.name for d in list_ggml_devices() if d.is_gpu), "CPU")
 

@@ -12,7 +12,7 @@ import ctypes
 import re
 
 from sidecar.errors import InvalidArgument
-from sidecar.profiler.ggml_devices import ggml_libraries, llama_lib_dir
+from sidecar.ggml_devices import ggml_libraries, llama_lib_dir
 
 
 class _BuftOverride(ctypes.Structure):

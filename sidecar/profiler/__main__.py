@@ -1,20 +1,8 @@
-"""`python -m sidecar.profiler profile ...`: the profile subcommand without the main CLI."""
+"""`python -m sidecar.profiler ...`: the same as `xlm-sidecar ...` (kept for scripts that call the package)."""
 
-from __future__ import annotations
-
-import argparse
 import sys
 
-from sidecar.profiler.cli import register
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Parse `argv` as `profile [options]` and run it."""
-    parser = argparse.ArgumentParser(prog="python -m sidecar.profiler")
-    register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    return args.func(args)
-
+from sidecar.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

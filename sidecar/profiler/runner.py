@@ -14,7 +14,7 @@ from sidecar.profiler.bandwidth import dram_read_from_entries, measure_memcpy
 from sidecar.profiler.busy import measure_overlap
 from sidecar.profiler.database import SCHEMA_VERSION, BandwidthEntry, KernelEntry, ProfileDB
 from sidecar.profiler.fingerprint import fingerprint_of, llama_build_info
-from sidecar.profiler.ggml_devices import GgmlDevice
+from sidecar.ggml_devices import GgmlDevice
 from sidecar.profiler.hardware import HardwareInfo, discover_hardware
 from sidecar.profiler.kernels import ProbeSession, RepeatPolicy
 from sidecar.profiler.llama_runtime import quiet_llama_logs

@@ -55,13 +55,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Standalone entry point: `python -m sidecar.testmodels.cli testmodels --out DIR`."""
-    parser = argparse.ArgumentParser(prog="python -m sidecar.testmodels.cli")
-    register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    return args.run(args)
-
-
 if __name__ == "__main__":
+    from sidecar.cli import main
+
     sys.exit(main())
