@@ -1,0 +1,46 @@
+"""SetBudget in remote mode: accepted, and nothing to do.
+
+A daemon that forwards generation holds no model, no KV cache and no VRAM, and spends next to no
+CPU, so every budget the game grants is already kept: the call records it (status and WatchState
+show it) and returns at once, reloaded = false. The game's code stays the same in both modes.
+The server's own memory is its operator's to size (vLLM's --gpu-memory-utilization, llama.cpp's
+-ngl / --fit), not the game's.
+"""
+
+from __future__ import annotations
+
+import structlog
+
+from sidecar.budget import Budget
+from sidecar.service.budget_control import BudgetChange
+from sidecar.service.state import StateHub
+
+log = structlog.get_logger("budget")
+
+
+class RemoteBudget:
+    """Stands where BudgetControl stands in local mode (`service.budget_control`)."""
+
+    def __init__(self, budget: Budget, state: StateHub) -> None:
+        self.budget = budget
+        self._state = state
+
+    async def set(self, vram_bytes: int, max_cpu_threads: int | None) -> BudgetChange:
+        """Record the budget; None keeps the thread cap."""
+        threads = self.budget.max_cpu_threads if max_cpu_threads is None else max_cpu_threads
+        return self._record(Budget(vram_bytes=vram_bytes, max_cpu_threads=threads), "budget")
+
+    async def follow_free_vram(self, reserve_bytes: int, max_cpu_threads: int | None) -> BudgetChange:
+        """Automatic mode asks to use free VRAM minus a reserve; using none keeps any reserve, so
+        the VRAM budget in force stays as it was."""
+        threads = self.budget.max_cpu_threads if max_cpu_threads is None else max_cpu_threads
+        return self._record(Budget(vram_bytes=self.budget.vram_bytes, max_cpu_threads=threads), "auto")
+
+    def close(self) -> None:
+        pass
+
+    def _record(self, budget: Budget, reason: str) -> BudgetChange:
+        self.budget = budget
+        log.info("budget recorded; generation runs on the remote server", budget=budget.describe())
+        self._state.publish(budget=budget, reason=reason)
+        return BudgetChange(budget, reloaded=False, pause_ms=0.0)

@@ -1,0 +1,347 @@
+"""Remote mode: the daemon keeps its gRPC API and forwards generation to an OpenAI-compatible server.
+
+The server here is real: llama-cpp-python's own (`python -m llama_cpp.server`) serving SmolLM2,
+on loopback. The daemons are real processes (conftest.start_daemon). The wire rules (bodies,
+chunks, error mapping) are also checked on their own, as pure functions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import httpx
+import pytest
+
+from conftest import RunningDaemon, start_daemon, stop_daemon
+from sidecar.api import pb
+from sidecar.client import Reply
+from sidecar.engine.requests import FinishReason, GenerationSpec, Prompt
+from sidecar.engine.sampling import SamplingConfig
+from sidecar.errors import FailedPrecondition, InvalidArgument, ResourceExhausted, Unavailable
+from sidecar.remote import wire
+from sidecar.remote.backend import RemoteBackend, RemoteOptions
+from sidecar.remote.models import remote_model_facts
+from sidecar.remote.serve import _api_base
+
+KEY_ENV = "XLM_TEST_REMOTE_KEY"
+KEY = "remote-server-key-0123456789"
+
+
+def _server_available() -> bool:
+    return importlib.util.find_spec("llama_cpp.server") is not None and importlib.util.find_spec("uvicorn") is not None
+
+
+needs_server = pytest.mark.skipif(
+    not _server_available() and os.environ.get("XLM_REQUIRE_CLIENT_TOOLS") != "1",
+    reason="llama-cpp-python's OpenAI server needs the [server] extra (uvicorn, fastapi, sse-starlette): pip install -e '.[dev]'",
+)
+
+
+# -- the wire format, on its own ---------------------------------------------------------------------
+
+
+def _spec(**kwargs: object) -> GenerationSpec:
+    kwargs.setdefault("prompt", Prompt(messages=(("user", "hi"),)))
+    return GenerationSpec(**kwargs)  # type: ignore[arg-type]
+
+
+def test_chat_body_carries_sampling_and_schema_but_not_stop_strings() -> None:
+    spec = _spec(
+        sampling=SamplingConfig(temperature=0.2, top_k=0, top_p=0.9, min_p=0.1, repeat_penalty=1.2, seed=7),
+        max_tokens=33,
+        stop=("\n",),
+        json_schema='{"type": "object"}',
+    )
+    body = wire.chat_body("m", [("system", "be brief"), ("user", "hi")], spec)
+    assert body["messages"] == [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+    assert body["model"] == "m" and body["stream"] is True and body["stream_options"] == {"include_usage": True}
+    assert (body["max_tokens"], body["temperature"], body["top_p"], body["min_p"], body["seed"]) == (33, 0.2, 0.9, 0.1, 7)
+    assert body["repeat_penalty"] == body["repetition_penalty"] == 1.2
+    assert "top_k" not in body  # 0 = off: left to the server's default
+    assert "stop" not in body  # the daemon cuts stop strings itself
+    assert body["response_format"] == {
+        "type": "json_schema",
+        "json_schema": {"name": "reply", "schema": {"type": "object"}, "strict": True},
+    }
+
+
+def test_completion_body_without_model_or_seed() -> None:
+    body = wire.completion_body(None, "Once upon", _spec(prompt=Prompt(text="Once upon")))
+    assert body["prompt"] == "Once upon" and "model" not in body and "seed" not in body
+    assert body["top_k"] == SamplingConfig().top_k and "response_format" not in body
+
+
+@pytest.mark.parametrize(
+    ("data", "text", "finish", "usage"),
+    [
+        ('{"choices":[{"delta":{"role":"assistant"},"finish_reason":null}]}', "", None, None),
+        ('{"choices":[{"delta":{"content":"Hel"},"finish_reason":null}]}', "Hel", None, None),
+        ('{"choices":[{"text":"lo","finish_reason":"length"}]}', "lo", "length", None),
+        (
+            '{"choices":[],"usage":{"prompt_tokens":9,"completion_tokens":4,"prompt_tokens_details":{"cached_tokens":5}}}',
+            "",
+            None,
+            wire.ChunkUsage(9, 4, 5),
+        ),
+    ],
+)
+def test_parse_chunk(data: str, text: str, finish: str | None, usage: wire.ChunkUsage | None) -> None:
+    chunk = wire.parse_chunk(data)
+    assert (chunk.text, chunk.finish_reason, chunk.usage) == (text, finish, usage)
+
+
+def test_parse_chunk_reads_llama_cpp_timings_and_in_stream_errors() -> None:
+    chunk = wire.parse_chunk('{"choices":[],"timings":{"prompt_per_second":500.5,"predicted_per_second":42.0}}')
+    assert chunk.timings == wire.ServerTimings(500.5, 42.0)
+    with pytest.raises(InvalidArgument, match="too long"):
+        wire.parse_chunk('{"error":{"code":400,"message":"too long"}}')
+    with pytest.raises(Unavailable, match="not JSON"):
+        wire.parse_chunk("<html>")
+    assert wire.parse_sse_line("data: [DONE]") == "[DONE]"
+    assert wire.parse_sse_line(": keep-alive") is None and wire.parse_sse_line("event: x") is None
+
+
+@pytest.mark.parametrize(
+    ("status", "kind"),
+    [
+        (400, InvalidArgument),
+        (422, InvalidArgument),
+        (401, FailedPrecondition),
+        (403, FailedPrecondition),
+        (404, FailedPrecondition),
+        (429, ResourceExhausted),
+        (408, Unavailable),
+        (500, Unavailable),
+        (503, Unavailable),
+    ],
+)
+def test_http_status_maps_to_our_errors(status: int, kind: type) -> None:
+    error = wire.error_for_status(status, "the server's words")
+    assert type(error) is kind and "the server's words" in str(error) and str(status) in str(error)
+
+
+def test_error_message_reads_openai_and_fastapi_shapes() -> None:
+    assert wire.error_message(b'{"error":{"message":"bad model"}}') == "bad model"
+    assert wire.error_message(b'{"detail":"Invalid API key"}') == '"Invalid API key"'
+    assert wire.error_message(b"plain failure") == "plain failure"
+
+
+def test_finish_reasons() -> None:
+    assert wire.finish_reason("length") is FinishReason.LENGTH
+    assert wire.finish_reason("stop") is FinishReason.STOP
+    assert wire.finish_reason("tool_calls") is FinishReason.STOP
+
+
+def test_model_facts_from_llama_cpp_and_vllm_listings() -> None:
+    llama = {"data": [{"id": "qwen", "meta": {"n_params": 4_000_000_000, "size": 2_500_000_000, "n_ctx_train": 40960}}]}
+    facts = remote_model_facts("http://h:8080/v1", llama, None)
+    assert (facts.path, facts.name, facts.architecture, facts.parameters, facts.trained_context) == (
+        "http://h:8080/v1", "qwen", "remote", 4_000_000_000, 40960,
+    )
+    vllm = {"data": [{"id": "a"}, {"id": "b", "max_model_len": 8192}]}
+    assert remote_model_facts("u", vllm, "b").trained_context == 8192
+    assert remote_model_facts("u", vllm, "c").name == "c"  # not listed: keep the name we were told
+
+
+def test_api_base() -> None:
+    assert _api_base("http://h:8000") == "http://h:8000/v1"
+    assert _api_base("http://h:8000/v1/") == "http://h:8000/v1"
+    assert _api_base("https://h/llm/v1") == "https://h/llm/v1"
+
+
+# -- a real server and real daemons ---------------------------------------------------------------------
+
+
+class RemoteServer:
+    """`python -m llama_cpp.server` on a free loopback port."""
+
+    def __init__(self, model: Path, api_key: str | None = None) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}/v1"
+        cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--host", "127.0.0.1",
+               "--port", str(self.port), "--n_ctx", "2048", "--verbose", "false"]
+        if api_key:
+            cmd += ["--api_key", api_key]
+        self.process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"llama_cpp.server exited: {self.process.stderr.read() if self.process.stderr else ''}")
+            try:
+                if httpx.get(f"{self.url}/models", headers=headers, timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        self.stop()
+        raise RuntimeError("llama_cpp.server did not answer within 60 s")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def server(smollm2_path: Path) -> Iterator[RemoteServer]:
+    running = RemoteServer(smollm2_path, api_key=KEY)
+    yield running
+    running.stop()
+
+
+@pytest.fixture(scope="module")
+def remote_daemon(server: RemoteServer) -> Iterator[RunningDaemon]:
+    daemon = start_daemon("--remote-url", server.url, "--remote-api-key-env", KEY_ENV, env={KEY_ENV: KEY}, timeout_s=60)
+    yield daemon
+    assert stop_daemon(daemon) == 0
+
+
+def _chat(daemon: RunningDaemon, text: str, **kwargs: object) -> Reply:
+    reply = Reply()
+    kwargs.setdefault("sampling", pb.SamplingParams(temperature=0.0))
+    with daemon.client(timeout_s=60) as client:
+        pieces = list(client.chat(text, reply=reply, **kwargs))
+    assert "".join(pieces) == reply.text
+    return reply
+
+
+@needs_server
+def test_reply_streams_through_the_daemon(remote_daemon: RunningDaemon, server: RemoteServer) -> None:
+    listening = next(e for e in remote_daemon.log_lines if e["event"] == "listening")
+    assert listening["backend"] == "remote" and listening["remote_url"] == server.url
+    reply = _chat(remote_daemon, "Name three colours.", max_tokens=24)
+    words = reply.text.split()
+    assert len(words) >= 3 and sum(c.isalpha() or c.isspace() for c in reply.text) > 0.7 * len(reply.text), reply.text
+    assert reply.final is not None
+    assert reply.final.finish_reason in (pb.FINISH_REASON_STOP, pb.FINISH_REASON_LENGTH)
+    assert 0 < reply.final.usage.completion_tokens <= 24
+    assert reply.final.timings.time_to_first_token_ms > 0 and reply.final.timings.decode_tokens_per_s > 0
+
+
+@needs_server
+def test_second_turn_carries_the_history(remote_daemon: RunningDaemon) -> None:
+    _chat(remote_daemon, "My name is Aria. Remember it.", session_id="aria", max_tokens=20)
+    second = _chat(remote_daemon, "What is my name?", session_id="aria", max_tokens=20)
+    assert "Aria" in second.text, second.text  # only the first turn, sent again, says so
+    with remote_daemon.client(timeout_s=30) as client:
+        sessions = {s.session_id: s for s in client.status().sessions}
+        assert sessions["aria"].tokens > 0
+        assert client.end_session("aria") == sessions["aria"].tokens
+        with pytest.raises(grpc.RpcError) as e:
+            client.end_session("aria")
+        assert e.value.code() == grpc.StatusCode.NOT_FOUND
+    fresh = _chat(remote_daemon, "What is my name?", session_id="aria", max_tokens=20)
+    assert "Aria" not in fresh.text, fresh.text
+
+
+@needs_server
+def test_stop_string_is_cut_by_the_daemon(remote_daemon: RunningDaemon) -> None:
+    prompt = "Tell me about the sea."
+    whole = _chat(remote_daemon, prompt, max_tokens=30)
+    assert len(whole.text) >= 24, whole.text
+    # Greedy decoding repeats the same reply, so a piece from its middle, likely spanning two
+    # chunks, must end it right before that piece's first appearance.
+    stop = whole.text[12:20]
+    cut = _chat(remote_daemon, prompt, max_tokens=30, stop=[stop])
+    assert cut.final.finish_reason == pb.FINISH_REASON_STOP_STRING
+    assert cut.text == whole.text[: whole.text.index(stop)]
+
+
+@needs_server
+def test_cancel_closes_the_remote_stream(remote_daemon: RunningDaemon) -> None:
+    with remote_daemon.client(timeout_s=60) as client:
+        stream = client.generate(pb.GenerateRequest(prompt="Once upon a time", max_tokens=400))
+        first = next(stream)
+        assert first.text
+        stream.close()  # cancels the call
+        deadline = time.monotonic() + 5
+        while client.status().throughput.requests_active and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert client.status().throughput.requests_active == 0
+    # The server is free again: a short reply comes back at once, not after 400 tokens.
+    started = time.monotonic()
+    _chat(remote_daemon, "Hi", max_tokens=4)
+    assert time.monotonic() - started < 3.0
+
+
+@needs_server
+def test_set_budget_is_accepted_and_status_names_the_server(remote_daemon: RunningDaemon, server: RemoteServer) -> None:
+    with remote_daemon.client(timeout_s=30) as client:
+        response = client.set_budget(pb.SetBudgetRequest(vram_size="2G", max_cpu_threads=2))
+        assert (response.reloaded, response.budget.vram_bytes, response.budget.max_cpu_threads) == (False, 2 << 30, 2)
+        status = client.status()
+    assert status.model.path == server.url and status.model.architecture == "remote"
+    assert status.model.name.endswith(".gguf")  # llama-cpp-python's server names its model by path
+    assert status.budget.vram_bytes == 2 << 30 and status.memory.vram_used_bytes == 0
+
+
+@needs_server
+def test_refused_key_is_failed_precondition(server: RemoteServer) -> None:
+    async def run() -> object:
+        backend = await RemoteBackend.start(RemoteOptions(url=server.url, api_key="not-the-key-0123456"))
+        events: list[object] = []
+        done = asyncio.Event()
+
+        def sink(event: object) -> None:
+            events.append(event)
+            done.set()
+
+        backend.submit(_spec(), sink)
+        await asyncio.wait_for(done.wait(), 30)
+        await backend.aclose()
+        return events[-1]
+
+    error = asyncio.run(run())
+    assert isinstance(error, FailedPrecondition) and "Invalid API key" in str(error) and "401" in str(error)
+
+
+@needs_server
+def test_server_killed_mid_reply_is_unavailable_and_the_daemon_stays_up(smollm2_path: Path) -> None:
+    doomed = RemoteServer(smollm2_path)
+    daemon = start_daemon("--remote-url", doomed.url, timeout_s=60)
+    try:
+        with daemon.client(timeout_s=60) as client:
+            stream = client.generate(pb.GenerateRequest(prompt="Once upon a time", max_tokens=400))
+            assert next(stream).text
+            doomed.stop()
+            with pytest.raises(grpc.RpcError) as e:
+                for _ in stream:
+                    pass
+            assert e.value.code() == grpc.StatusCode.UNAVAILABLE, e.value.details()
+            # Refused connections are UNAVAILABLE too, and say where.
+            with pytest.raises(grpc.RpcError) as e:
+                list(client.generate(pb.GenerateRequest(prompt="Hello", max_tokens=4)))
+            assert e.value.code() == grpc.StatusCode.UNAVAILABLE and doomed.url in e.value.details()
+            assert client.status().throughput.requests_active == 0
+        assert daemon.process.poll() is None
+    finally:
+        doomed.stop()
+        assert stop_daemon(daemon) == 0
+
+
+def test_remote_flags_that_do_not_go_together_exit_2(tmp_path: Path) -> None:
+    base = [sys.executable, "-m", "sidecar", "serve", "--port", "0", "--no-auth", "--log-format", "json"]
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    cases = [
+        (["--remote-url", "ftp://h/v1"], "--remote-url"),
+        (["--remote-url", "http://127.0.0.1:9/v1", "--model", str(model)], "do not go together"),
+        (["--remote-url", "http://127.0.0.1:9/v1", "--remote-api-key-env", "XLM_TEST_UNSET_VARIABLE"], "is not set"),
+    ]
+    env = {k: v for k, v in os.environ.items() if k != "XLM_TEST_UNSET_VARIABLE"}
+    for flags, said in cases:
+        done = subprocess.run(base + flags, capture_output=True, text=True, timeout=60, env=env)
+        assert done.returncode == 2, (flags, done.stderr)
+        assert said in done.stderr, done.stderr
