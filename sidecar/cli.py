@@ -19,12 +19,15 @@ from sidecar import __version__
 from sidecar.errors import InvalidArgument, ModelLoadError
 
 EXIT_FAILURE, EXIT_USAGE, EXIT_MODEL, EXIT_LISTEN, EXIT_UNREACHABLE = 1, 2, 3, 4, 5
-SUBCOMMANDS = ("serve", "chat", "status", "testmodels", "profile")
+SUBCOMMANDS = ("serve", "chat", "ask", "status", "testmodels", "profile")
 
 
 def _add_serve(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="run the daemon (the default command)")
     p.add_argument("--model", type=Path, help="GGUF model file (default: bundled SmolLM2-135M-Instruct)")
+    p.add_argument("--mmproj", type=Path, help="vision projector (mmproj GGUF) for the model: enables screenshot questions")
+    p.add_argument("--no-vlmopt", dest="vlmopt", action="store_false", default=None,
+                   help="keep the vision encoder loaded between images (default: load it per image, VLMOpt)")
     p.add_argument("--budget", help="VRAM the game grants: 512M, 3G, 3GiB, 2.5G, 0 = CPU only (default 0)")
     p.add_argument("--max-cpu-threads", type=int, help="most CPU threads per forward pass (the game needs cores too)")
     p.add_argument("--host", help="address to listen on (default 127.0.0.1)")
@@ -51,6 +54,11 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--parent-pid", type=int, help="exit when this process (the game) ends")
     p.add_argument("--grace-seconds", type=float, help="how long calls in flight may finish after SIGTERM/SIGINT (default 5)")
     p.add_argument("--max-image-bytes", type=int, help="largest image AskImage accepts (default 32 MiB)")
+    # Remote mode (sidecar.remote): same API to the game, generation on an inference server.
+    p.add_argument("--remote-url", help="forward generation to this OpenAI-compatible API (vLLM, llama.cpp's server), "
+                   "e.g. http://10.0.0.5:8000/v1; no model is loaded here")
+    p.add_argument("--remote-model", help="model name to ask the remote server for (default: the first it lists)")
+    p.add_argument("--remote-api-key-env", metavar="VAR", help="environment variable that holds the remote server's API key")
     p.add_argument("--log-format", choices=("auto", "console", "json"))
     p.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
     p.set_defaults(run=_run_serve)
@@ -76,6 +84,17 @@ def _add_chat(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--stats", action="store_true", help="print usage and timings after the reply")
     _add_client_flags(p)
     p.set_defaults(run=_run_chat)
+
+
+def _add_ask(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("ask", help="ask a running daemon (started with --mmproj) about an image")
+    p.add_argument("question", help="what to ask about the image")
+    p.add_argument("--image", type=Path, default=None, help="PNG or JPEG file (leave out for a follow-up in --session)")
+    p.add_argument("--session", default="", help="session id: follow-ups reuse the image's KV cache")
+    p.add_argument("--max-tokens", type=int, default=0)
+    p.add_argument("--temperature", type=float, default=None)
+    _add_client_flags(p)
+    p.set_defaults(run=_run_ask)
 
 
 def _add_status(sub: argparse._SubParsersAction) -> None:
@@ -107,6 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_serve(sub)
     _add_chat(sub)
+    _add_ask(sub)
     _add_status(sub)
     _register_optional(sub)
     return parser
@@ -201,6 +221,28 @@ def _run_chat(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_ask(args: argparse.Namespace) -> int:
+    from sidecar.api import pb
+
+    sampling = pb.SamplingParams()
+    if args.temperature is not None:
+        sampling.temperature = args.temperature
+    image = args.image.read_bytes() if args.image is not None else None
+    with _client(args) as client:
+        try:
+            reply = client.ask_image(args.question, image=image, session_id=args.session,
+                                     max_tokens=args.max_tokens, sampling=sampling)
+        except grpc.RpcError as e:
+            return _rpc_failure(e, client.address)
+    print(reply.text)
+    if reply.final is not None and reply.final.HasField("image"):
+        i = reply.final.image
+        how = f"encoded in {i.encode_ms:.0f} ms" if i.encode_ms else "reused from the session"
+        print(f"[image {i.original_width}x{i.original_height} -> {i.encoded_width}x{i.encoded_height}, "
+              f"{i.image_tokens} tokens, {how}{', downscaled for the budget' if i.downscaled else ''}]", file=sys.stderr)
+    return 0
+
+
 def _run_status(args: argparse.Namespace) -> int:
     from google.protobuf.json_format import MessageToDict
 
@@ -223,6 +265,14 @@ def _run_status(args: argparse.Namespace) -> int:
         f"work      {t.requests_served} requests, {t.tokens_generated} tokens generated, "
         f"{t.decode_tokens_per_s:.1f} tokens/s decode, {t.prefill_tokens_per_s:.1f} tokens/s prefill"
     )
+    v = status.vision
+    if v.available:
+        print(
+            f"vision    {Path(v.projector_path).name} ({v.placement}{', VLMOpt' if v.vlmopt else ''}, flash attention "
+            f"{'on' if v.flash_attention else 'off'}), {v.images_encoded} images, last encode {v.last_encode_ms:.0f} ms"
+        )
+    else:
+        print("vision    off (start with --mmproj PROJECTOR.gguf)")
     print(f"sessions  {len(status.sessions)} of {status.limits.max_sessions}")
     for s in status.sessions:
         print(f"          {s.session_id}: {s.tokens} tokens")

@@ -115,6 +115,45 @@ class SidecarClient:
             if chunk.text:
                 yield chunk.text
 
+    def ask_image_stream(self, request: pb.AskImageRequest) -> Iterator[pb.GenerateChunk]:
+        """Stream the raw chunks of one image question. Closing the iterator early cancels the call."""
+        call = self._stub.AskImage(request, timeout=self.timeout_s)
+        try:
+            yield from call
+        finally:
+            call.cancel()
+
+    def ask_image(
+        self,
+        question: str,
+        *,
+        image: bytes | pb.RawImage | None = None,
+        session_id: str = "",
+        max_tokens: int = 0,
+        sampling: pb.SamplingParams | None = None,
+        json_schema: str = "",
+    ) -> Reply:
+        """Ask about a screenshot: PNG/JPEG bytes, raw pixels (pb.RawImage), or None for a
+        follow-up about the session's last image. Returns the whole answer; `final.image` says
+        how the image was encoded."""
+        if isinstance(image, pb.RawImage):
+            source = pb.Image(raw=image)
+        elif image is not None:
+            source = pb.Image(encoded=image)
+        else:
+            source = None
+        request = pb.AskImageRequest(
+            image=source, question=question, session_id=session_id, max_tokens=max_tokens,
+            sampling=sampling, json_schema=json_schema,
+        )
+        reply = Reply()
+        for chunk in self.ask_image_stream(request):
+            reply.text += chunk.text
+            reply.token_ids.extend(chunk.token_ids)
+            if chunk.HasField("final"):
+                reply.final = chunk.final
+        return reply
+
     def complete(self, request: pb.GenerateRequest) -> Reply:
         """Run a generation to the end and return the whole reply."""
         reply = Reply()

@@ -11,7 +11,7 @@ from sidecar import __version__
 from sidecar.engine import Engine
 from sidecar.default_model import default_model_path
 from sidecar.engine.native_model import check_gguf_file
-from sidecar.executor import describe_placement, engine_config, gpu_free_bytes, load_plan_inputs
+from sidecar.executor import describe_placement, engine_config, gpu_free_bytes, load_plan_inputs, load_projector
 from sidecar.lifecycle.daemon_lifecycle import DaemonLifecycle
 from sidecar.service.budget_control import BudgetControl
 from sidecar.service.core import ServiceInfo, SidecarService
@@ -34,18 +34,26 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> None:
 
 
 async def _serve(settings: Settings, lifecycle: DaemonLifecycle, ready: asyncio.Event | None) -> None:
+    if settings.remote_url:
+        from sidecar.remote.serve import serve_remote
+
+        await serve_remote(settings, lifecycle, ready)
+        return
     budget = settings.budget_value
     check_gguf_file(settings.model or default_model_path())  # a wrong path fails before any profiling
+    projector = await asyncio.to_thread(load_projector, settings)  # a mismatched pair fails before profiling
     inputs = await asyncio.to_thread(load_plan_inputs, settings)
-    config = engine_config(settings, budget, inputs)
+    config = engine_config(settings, budget, inputs, projector)
     stop = lifecycle.stop  # set by SIGINT/SIGTERM and by the parent's death
     log.info("loading model", path=str(config.model_path), budget=budget.describe())
     engine = await asyncio.to_thread(Engine, config)
     try:
-        info = ServiceInfo(__version__, (), settings.max_message_bytes, settings.stream_interval_ms / 1000.0)
+        info = ServiceInfo(
+            __version__, (), settings.max_message_bytes, settings.stream_interval_ms / 1000.0, settings.max_image_bytes
+        )
         service = SidecarService(engine, budget, info)
         service.budget_control = BudgetControl(
-            engine, budget, lambda b: engine_config(settings, b, inputs), service.state, gpu_free_bytes
+            engine, budget, lambda b: engine_config(settings, b, inputs, projector), service.state, gpu_free_bytes
         )
         transports = await start_transports(service, settings, lifecycle.authenticator)
         service.info = replace(info, listen_addresses=transports.addresses)
@@ -59,6 +67,7 @@ async def _serve(settings: Settings, lifecycle: DaemonLifecycle, ready: asyncio.
             parallel=config.n_seq,
             tier_threads=dict(config.tier_threads),
             placement=describe_placement(config),
+            vision=_describe_vision(config),
             planned=inputs is not None,
         )
         if ready is not None:
@@ -72,3 +81,12 @@ async def _serve(settings: Settings, lifecycle: DaemonLifecycle, ready: asyncio.
     finally:
         await asyncio.to_thread(engine.close)
         log.info("stopped")
+
+
+def _describe_vision(config) -> str:
+    v = config.vision
+    if v is None:
+        return "off"
+    where = "GPU" if v.use_gpu else "CPU"
+    mode = "loaded per image (VLMOpt)" if not v.resident else "resident"
+    return f"{v.projector_path.name} on the {where}, {mode}, flash attention {'on' if v.flash_attention else 'off'}"

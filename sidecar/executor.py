@@ -17,7 +17,9 @@ import structlog
 from sidecar.budget import Budget
 from sidecar.default_model import default_model_path
 from sidecar.engine import EngineConfig
+from sidecar.errors import ModelLoadError
 from sidecar.settings import Settings
+from sidecar.vision.encoder_settings import EncoderSettings
 
 log = structlog.get_logger("executor")
 
@@ -56,22 +58,93 @@ def load_plan_inputs(settings: Settings) -> PlanInputs | None:
         return None
 
 
-def engine_config(settings: Settings, budget: Budget | None = None, inputs: PlanInputs | None = None) -> EngineConfig:
+def load_projector(settings: Settings):
+    """The --mmproj file's header (a ModelInfo with `vision`), checked against the text model, or
+    None without --mmproj. ModelLoadError when it is not a projector or does not pair."""
+    if settings.mmproj is None:
+        return None
+    from sidecar.model_info import inspect_gguf
+    from sidecar.model_info.gguf_reader import GgufReadError
+
+    path = Path(settings.mmproj)
+    try:
+        projector = inspect_gguf(path)
+    except FileNotFoundError:
+        raise ModelLoadError(f"projector file not found: {path}") from None
+    except GgufReadError as e:
+        raise ModelLoadError(f"--mmproj {path} is not a GGUF projector: {e}") from None
+    if projector.vision is None or not projector.vision.n_embd:
+        raise ModelLoadError(f"--mmproj {path} is a {projector.arch} model, not a vision projector (mmproj)")
+    text = inspect_gguf(settings.model or default_model_path())
+    width = projector.vision.projection_dim
+    if width and width != text.n_embd:
+        raise ModelLoadError(
+            f"the projector {path.name} makes {width}-wide image embeddings but {text.name} takes "
+            f"{text.n_embd}-wide ones: they are not a pair (use the mmproj file made for this model)"
+        )
+    return projector
+
+
+def engine_config(
+    settings: Settings, budget: Budget | None = None, inputs: PlanInputs | None = None, projector=None
+) -> EngineConfig:
     """The engine configuration for `budget` (default: the one the daemon was started with)."""
     budget = budget or settings.budget_value
     base = cpu_engine_config(settings, budget)
-    if inputs is None:
-        return base
-    from sidecar.planner import PlanOptions, plan
+    schedule = None
+    if inputs is not None:
+        from sidecar.planner import PlanOptions, plan
 
-    schedule = plan(
-        inputs.model,
-        inputs.hardware,
-        budget,
-        ctx=settings.ctx * settings.parallel,
-        options=PlanOptions(n_batch=settings.batch, flash_attention=settings.flash_attention_flag),
+        schedule = plan(
+            inputs.model,
+            inputs.hardware,
+            budget,
+            ctx=settings.ctx * settings.parallel,
+            options=PlanOptions(n_batch=settings.batch, flash_attention=settings.flash_attention_flag),
+        )
+        base = config_from_schedule(base, schedule, settings.threads)
+    if projector is None:
+        return base
+    vision = vision_plan(settings, budget, projector, inputs, schedule)
+    encoder = encoder_settings(settings, projector, vision, base.threads_prefill)
+    # An image's embeddings go into the text model in one micro-batch when the projector wants
+    # them to attend to each other both ways (Gemma 3); make room for the largest image.
+    n_ubatch = max(base.n_ubatch, min(vision.cost.output_tokens, 8192))
+    return replace(base, vision=encoder, n_ubatch=n_ubatch, n_batch=max(base.n_batch, n_ubatch))
+
+
+def vision_plan(settings: Settings, budget: Budget, projector, inputs: PlanInputs | None, schedule):
+    """VLMOpt's placement of the encoder beside the language schedule (a CPU plan without a profile)."""
+    from sidecar.planner import cpu_only_box
+    from sidecar.planner.vision import plan_vision
+
+    hardware = inputs.hardware if inputs is not None else cpu_only_box()
+    resident = phase = 0
+    if schedule is not None:
+        parts = dict(schedule.vram_bytes_by_component)
+        resident = sum(b for name, b in parts.items() if name.startswith("weights.") or name == "kv_cache")
+        phase = schedule.vram_bytes
+    return plan_vision(
+        projector, hardware, budget, language_resident_vram=resident, language_phase_vram=phase,
+        vlmopt=settings.vlmopt, threads=settings.cpu_threads(),
     )
-    return config_from_schedule(base, schedule, settings.threads)
+
+
+def encoder_settings(settings: Settings, projector, vision, threads: int) -> EncoderSettings:
+    from sidecar.planner.vision import CPU, merge_factor
+
+    v = projector.vision
+    return EncoderSettings(
+        projector_path=Path(settings.mmproj),
+        use_gpu=vision.placement != CPU and _gpu_device_name() != "CPU",
+        flash_attention=vision.flash_attention,
+        image_max_tokens=vision.image_max_tokens,
+        max_image_side=vision.max_image_side,
+        resident=not vision.vlmopt,
+        threads=threads,
+        fixed_image_size=0 if vision.dynamic_resolution else v.image_size,
+        patch_px=max(1, v.patch_size) * merge_factor(v),
+    )
 
 
 def config_from_schedule(base: EngineConfig, schedule, threads_flag: int = 0) -> EngineConfig:

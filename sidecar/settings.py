@@ -26,6 +26,8 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="XLM_SIDECAR_", extra="forbid", frozen=True)
 
     model: Path | None = Field(None, description="GGUF model to serve; default: the bundled SmolLM2-135M-Instruct")
+    mmproj: Path | None = Field(None, description="vision projector (mmproj GGUF) paired with the model; enables AskImage")
+    vlmopt: bool = Field(True, description="load the vision encoder only while an image is encoded (VLMOpt); off keeps it resident")
     budget: str = Field("0", description="VRAM the game grants, e.g. 512M, 3G, 2.5GiB; 0 = CPU only")
     max_cpu_threads: int = Field(0, ge=0, le=4096, description="most CPU threads per forward pass; 0 = no cap")
     host: str = DEFAULT_HOST
@@ -56,6 +58,10 @@ class Settings(BaseSettings):
     parent_pid: int | None = Field(None, ge=1, description="exit when this process (the game) ends")
     grace_seconds: float = Field(5.0, ge=0, le=3600, description="how long in-flight calls may finish after SIGTERM/SIGINT")
     max_image_bytes: int = Field(32 << 20, ge=1024, le=1 << 31, description="largest image accepted by AskImage")
+    # Remote mode (sidecar.remote): forward generation to an OpenAI-compatible server.
+    remote_url: str | None = Field(None, description="forward generation to this OpenAI-compatible API, e.g. http://host:8000/v1")
+    remote_model: str | None = Field(None, description="model name to ask the remote server for; default: the first it lists")
+    remote_api_key_env: str | None = Field(None, description="environment variable holding the remote server's API key")
 
     @field_validator("budget")
     @classmethod
@@ -64,6 +70,13 @@ class Settings(BaseSettings):
             parse_size(value)
         except InvalidArgument as e:
             raise ValueError(str(e)) from None  # pydantic reports ValueErrors as field errors
+        return value
+
+    @field_validator("remote_url")
+    @classmethod
+    def _remote_url_is_http(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("http://", "https://")):
+            raise ValueError("give the server's OpenAI API base, e.g. http://host:8000/v1")
         return value
 
     @property

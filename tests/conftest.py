@@ -36,14 +36,19 @@ class RunningDaemon:
 
 
 def start_daemon(
-    *args: str, timeout_s: float = 180.0, env: dict[str, str] | None = None, token: str | None = "auto"
+    *args: str,
+    timeout_s: float = 180.0,
+    env: dict[str, str] | None = None,
+    token: str | None = "auto",
+    program: tuple[str, ...] = (sys.executable, "-m", "sidecar"),
 ) -> RunningDaemon:
     """Start `xlm-sidecar serve --port 0 ...` and wait for its "listening" log line.
 
     The daemon gets XLM_SIDECAR_TOKEN: `token`, a fresh random one for "auto", or none for None
-    (then it generates its own, unless `env` sets one).
+    (then it generates its own, unless `env` sets one). `program` runs another build of the
+    daemon, e.g. the frozen executable.
     """
-    cmd = [sys.executable, "-m", "sidecar", "serve", "--port", "0", "--log-format", "json", *args]
+    cmd = [*program, "serve", "--port", "0", "--log-format", "json", *args]
     env = {**os.environ, **(env or {})}
     if token == "auto":
         token = secrets.token_urlsafe(24)

@@ -137,10 +137,21 @@ def test_bad_requests_get_invalid_argument_and_the_daemon_goes_on(client, reques
     assert client.complete(pb.GenerateRequest(prompt="Hi", max_tokens=2, sampling=GREEDY)).final.usage.completion_tokens == 2
 
 
-def test_image_questions_answer_unimplemented_until_vision_lands(client) -> None:
+def test_image_questions_need_an_image_and_a_projector(client) -> None:
+    # No image and no session to follow up in: the request itself is wrong.
     with pytest.raises(grpc.RpcError) as e:
         list(client._stub.AskImage(pb.AskImageRequest(question="what is this?")))
-    assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    # A good image, but this daemon was started without --mmproj.
+    png = bytes.fromhex(
+        "89504e470d0a1a0a0000000d4948445200000001000000010802000000907753de0000000c49444154789c63f8cf"
+        "c0000003010100c9fe92ef0000000049454e44ae426082"
+    )  # a 1x1 red PNG
+    with pytest.raises(grpc.RpcError) as e:
+        client.ask_image("what is this?", image=png)
+    assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "--mmproj" in e.value.details()
+    assert not client.status().vision.available
 
 
 def test_budget_updates_take_effect_and_are_watched(client) -> None:

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sidecar.errors import InvalidArgument
+from sidecar.vision.encoder_settings import EncoderSettings
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,8 @@ class EngineConfig:
     max_queue: int = 256
     max_prompt_tokens: int = 0  # 0: three quarters of the context, leaving room for the reply
     max_tokens_per_request: int = 2048
+    # The vision encoder (--mmproj), placed by the vision plan; None serves text only.
+    vision: EncoderSettings | None = None
 
     def __post_init__(self) -> None:
         if not 64 <= self.n_ctx <= 1 << 20:

@@ -30,14 +30,33 @@ from sidecar.engine.native_context import NativeContext
 from sidecar.engine.native_log import install_native_log_filter
 from sidecar.engine.native_model import ModelFacts, NativeModel
 from sidecar.engine.phase import EnginePhase
-from sidecar.engine.requests import Finished, FinishReason, GenerationSpec, Job, Sink, TextDelta, Timings, Usage
+from sidecar.engine.requests import (
+    IMAGE_MARKER,
+    Finished,
+    FinishReason,
+    GenerationSpec,
+    ImageReport,
+    Job,
+    Sink,
+    TextDelta,
+    Timings,
+    Usage,
+)
 from sidecar.engine.sampling import SamplerChain
 from sidecar.engine.sessions import Session, SessionStore, SessionView
 from sidecar.engine.slot import ActiveRequest, Slot
 from sidecar.engine.stats import ThroughputSnapshot, ThroughputStats
 from sidecar.engine.step import SequenceDemand, plan_step, threads_for
 from sidecar.engine.text_stream import TextStream
-from sidecar.errors import EngineFailure, InvalidArgument, ResourceExhausted, SidecarError, Unavailable
+from sidecar.errors import (
+    EngineFailure,
+    FailedPrecondition,
+    InvalidArgument,
+    ResourceExhausted,
+    SidecarError,
+    Unavailable,
+)
+from sidecar.vision.encoder import EncodedImage, EncoderStats, VisionEncoder
 
 log = structlog.get_logger("engine")
 
@@ -57,6 +76,7 @@ class EngineSnapshot:
     kv_cache_bytes: int
     last_reload_pause_ms: float
     load_report: LoadReport
+    vision: EncoderStats | None = None
 
 
 @dataclass
@@ -76,6 +96,7 @@ class Engine:
         self.model, self._ctx = self._load(config)
         self.load_report = parse_load_log(self.model.load_log + self._ctx.load_log)
         self.facts = self.model.facts()
+        self.encoder = self._open_encoder(config)
         self._kv_bytes_per_token = self.model.kv_bytes_per_token_f16()
         self._slots = [Slot(seq) for seq in range(config.n_seq)]
         self.sessions = SessionStore(config.max_sessions)
@@ -110,6 +131,16 @@ class Engine:
             model.close()
             raise
         return model, ctx
+
+    def _open_encoder(self, config: EngineConfig) -> VisionEncoder | None:
+        if config.vision is None:
+            return None
+        try:
+            return VisionEncoder(self.model.ptr, config.vision)
+        except BaseException:
+            self._ctx.close()
+            self.model.close()
+            raise
 
     # -- caller side (any thread) -----------------------------------------------------------------
 
@@ -162,6 +193,7 @@ class Engine:
             kv_cache_bytes=kv_tokens * self._kv_bytes_per_token,
             last_reload_pause_ms=self.last_reload_pause_ms,
             load_report=self.load_report,
+            vision=self.encoder.stats if self.encoder is not None else None,
         )
 
     def close(self, timeout: float = 10.0) -> None:
@@ -175,6 +207,8 @@ class Engine:
         if self._thread.is_alive():
             log.warning("engine thread did not stop in time; leaking its llama.cpp context")
             return
+        if self.encoder is not None:
+            self.encoder.close()
         self._ctx.close()
         self.model.close()
         self.phase = EnginePhase.STOPPED
@@ -282,9 +316,12 @@ class Engine:
         if session is not None and spec.reset_session:
             session.messages.clear()
             session.text = ""
+            session.images = []
             session.saved_state, session.saved_tokens = None, []
+        new_image = self._encode_image(spec, session)
         conversation, prompt_text = self._assemble(spec, session)
-        tokens = self.model.tokenize(prompt_text, add_bos=True, parse_special=True)
+        images = list(session.images if session is not None else []) + ([new_image] if new_image else [])
+        tokens, spans = self._tokenize_with_images(prompt_text, images)
         if len(tokens) > self.config.max_prompt_tokens:
             raise InvalidArgument(
                 f"the prompt is {len(tokens)} tokens; the limit is {self.config.max_prompt_tokens} (--max-prompt-tokens)"
@@ -292,6 +329,9 @@ class Engine:
         if slot.session_id != spec.session_id or not spec.session_id:
             self._bind(slot, session)
         common = _common_prefix(slot.cached, tokens)
+        for start, image in spans.items():  # never keep half an image
+            if start < common < start + image.n_tokens:
+                common = start
         if not self._ctx.truncate(slot.seq, common):
             self._ctx.clear(slot.seq)
             common = 0
@@ -307,7 +347,45 @@ class Engine:
             conversation=conversation,
             prompt_text=prompt_text,
             fed=common,
+            image_spans=spans,
+            new_image=new_image,
         )
+        if spec.asks_about_image:
+            image = new_image or images[-1]
+            slot.active.image_report = ImageReport(
+                original_size=image.original_size,
+                encoded_size=image.encoded_size,
+                downscaled=image.downscaled,
+                image_tokens=image.n_tokens,
+                encode_ms=image.encode_ms if new_image else 0.0,
+                reused=new_image is None,
+            )
+
+    def _encode_image(self, spec: GenerationSpec, session: Session | None) -> EncodedImage | None:
+        """Encode the request's image now (the vision phase runs alone: VLMOpt's no-overlap rule),
+        or check that a follow-up question has an image to be about."""
+        if not spec.asks_about_image:
+            return None
+        if self.encoder is None:
+            raise FailedPrecondition("this daemon has no vision model; start it with --mmproj PROJECTOR.gguf")
+        if spec.image is None:
+            if session is None or not session.images:
+                raise InvalidArgument("no image: send one, or ask a follow-up in a session that has one")
+            return None
+        return self.encoder.encode(spec.image)
+
+    def _tokenize_with_images(self, prompt_text: str, images: list[EncodedImage]) -> tuple[list[int], dict[int, EncodedImage]]:
+        """The prompt's tokens with each image marker replaced by its image's span."""
+        pieces = prompt_text.split(IMAGE_MARKER)
+        if len(pieces) - 1 != len(images):
+            raise InvalidArgument(f"message text may not contain {IMAGE_MARKER!r}; it stands for images")
+        tokens = self.model.tokenize(pieces[0], add_bos=True, parse_special=True)
+        spans: dict[int, EncodedImage] = {}
+        for image, piece in zip(images, pieces[1:]):
+            spans[len(tokens) + len(image.prefix_tokens)] = image
+            tokens.extend(image.span)
+            tokens.extend(self.model.tokenize(piece, add_bos=False, parse_special=True))
+        return tokens, spans
 
     def _bind(self, slot: Slot, session: Session | None) -> None:
         """Make `slot` hold `session`'s cache (restored from host memory if it was evicted), or
@@ -360,6 +438,9 @@ class Engine:
         for slot in self._slots:
             if slot.active is not None and slot.active.job.cancelled:
                 self._finish(slot, FinishReason.CANCELLED)
+        for slot in self._slots:
+            if slot.active is not None and slot.active.next_image_start() == slot.active.fed:
+                self._feed_image(slot)
         demands = [self._demand(s) for s in self._slots if s.active is not None]
         if not demands:
             return
@@ -392,7 +473,23 @@ class Engine:
         a = slot.active
         if a.decoding:
             return SequenceDemand(slot.seq, (a.next_token,), len(slot.cached), True)
-        return SequenceDemand(slot.seq, tuple(a.prompt_tokens[a.fed :]), len(slot.cached), False)
+        image_at = a.next_image_start()
+        end = image_at if image_at is not None else len(a.prompt_tokens)
+        # Text before an image goes first; the pass then ends where the image begins, so no
+        # logits are asked for there (the plan samples only where a prompt ends).
+        return SequenceDemand(slot.seq, tuple(a.prompt_tokens[a.fed : end]), len(slot.cached), False, image_at is None)
+
+    def _feed_image(self, slot: Slot) -> None:
+        """Decode an image's embeddings into the sequence: a pass of its own (a batch carries
+        either tokens or embeddings, never both)."""
+        a = slot.active
+        image: EncodedImage = a.image_spans[a.fed]
+        t0 = time.perf_counter()
+        self._ctx.set_threads(threads_for(image.n_tokens, self.config.tier_threads))
+        self._ctx.decode_embeddings(slot.seq, len(slot.cached), image.embeddings, image.non_causal)
+        slot.cached.extend([image.sentinel] * image.n_tokens)
+        a.fed += image.n_tokens
+        self.stats.record_prefill(image.n_tokens, time.perf_counter() - t0)
 
     def _sample(self, slot: Slot, index: int, now: float) -> None:
         a = slot.active
@@ -431,6 +528,8 @@ class Engine:
         ended = time.perf_counter()
         if a.session is not None and self.sessions.get(a.session.session_id) is a.session:
             reply = "".join(a.reply)
+            if a.new_image is not None:
+                a.session.images.append(a.new_image)
             if a.job.spec.prompt.is_chat:
                 a.session.messages = a.conversation + [("assistant", reply)]
             else:
@@ -452,6 +551,9 @@ class Engine:
         self.phase = EnginePhase.RELOADING
         saved = {s.seq: self._ctx.save(s.seq) for s in self._slots if s.cached}
         old_config = self.config
+        if self.encoder is not None:
+            self.encoder.close()  # it holds the old text model's pointer
+            self.encoder = None
         self._ctx.close()
         self.model.close()
         try:
@@ -461,10 +563,12 @@ class Engine:
         except SidecarError as e:
             log.error("reload failed; restoring the previous configuration", error=str(e))
             self.model, self._ctx = self._load(old_config)
+            self.encoder = self._open_encoder(old_config)
             self._restore_all(saved)
             self.phase = EnginePhase.READY
             request.done.set_exception(e)
             return
+        self.encoder = self._open_encoder(self.config)
         self._restore_all(saved)
         self.phase = EnginePhase.READY
         self.last_reload_pause_ms = (time.perf_counter() - t0) * 1000.0
@@ -527,4 +631,5 @@ def _finished(a: ActiveRequest, reason: FinishReason, ended: float) -> Finished:
             queued_ms=(a.started_at - submitted) * 1000.0,
         ),
         session_id=a.job.spec.session_id,
+        image=a.image_report,
     )

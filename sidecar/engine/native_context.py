@@ -9,6 +9,7 @@ import ctypes
 from dataclasses import dataclass
 
 import llama_cpp
+import numpy as np
 
 from sidecar.engine.native_log import capture_native_log
 from sidecar.engine.native_model import NativeModel
@@ -73,6 +74,7 @@ class NativeContext:
         self.n_seq = n_seq
         self.ctx_per_seq = int(llama_cpp.llama_n_ctx_seq(self.ptr))
         self.n_batch = n_batch
+        self.n_ubatch = n_ubatch
         self._batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
         self._memory = llama_cpp.llama_get_memory(self.ptr)
         self._threads = (threads_decode, threads_prefill)
@@ -98,6 +100,42 @@ class NativeContext:
             raise ResourceExhausted("the context is full")
         if rc != 0:
             raise EngineFailure(f"llama_decode returned {rc}")
+
+    def decode_embeddings(self, seq: int, pos0: int, embeddings: np.ndarray, non_causal: bool) -> None:
+        """Feed an image's embeddings into `seq` at positions pos0.. (no logits: text follows).
+
+        Encoders like Gemma 3's want the image's tokens to attend to each other both ways; llama.cpp
+        does that only inside one micro-batch, so such an image must fit one.
+        """
+        n, width = embeddings.shape
+        if non_causal and n > self.n_ubatch:
+            raise ResourceExhausted(
+                f"an image of {n} tokens needs a micro-batch of at least {n}; this context has {self.n_ubatch}"
+            )
+        step = n if non_causal else min(n, self.n_batch)
+        data = np.ascontiguousarray(embeddings, dtype=np.float32)
+        batch = llama_cpp.llama_batch_init(step, width, 1)
+        if non_causal:
+            llama_cpp.llama_set_causal_attn(self.ptr, False)
+        try:
+            for start in range(0, n, step):
+                m = min(step, n - start)
+                ctypes.memmove(batch.embd, data[start : start + m].ctypes.data, m * width * 4)
+                for i in range(m):
+                    batch.pos[i] = pos0 + start + i
+                    batch.n_seq_id[i] = 1
+                    batch.seq_id[i][0] = seq
+                    batch.logits[i] = False
+                batch.n_tokens = m
+                rc = llama_cpp.llama_decode(self.ptr, batch)
+                if rc == 1:
+                    raise ResourceExhausted("the context is full")
+                if rc != 0:
+                    raise EngineFailure(f"llama_decode of image embeddings returned {rc}")
+        finally:
+            if non_causal:
+                llama_cpp.llama_set_causal_attn(self.ptr, True)
+            llama_cpp.llama_batch_free(batch)
 
     def truncate(self, seq: int, keep: int) -> bool:
         """Drop the sequence's cells from position `keep` on. False if llama.cpp cannot (then clear it)."""

@@ -48,6 +48,12 @@ def install_native_log_filter() -> None:
 
     _installed.append(forward)
     llama_cpp.llama_log_set(forward, ctypes.c_void_p(0))
+    # libmtmd (the vision encoder) keeps its own logger; its lines belong in the same stream, and
+    # its buffer sizes are read from captures like the text model's.
+    from llama_cpp import mtmd_cpp
+
+    mtmd_cpp.mtmd_log_set(forward, ctypes.c_void_p(0))
+    mtmd_cpp.mtmd_helper_log_set(forward, ctypes.c_void_p(0))
 
 
 @contextmanager

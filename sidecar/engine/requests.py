@@ -10,6 +10,11 @@ from typing import Callable, Union
 
 from sidecar.engine.sampling import SamplingConfig
 from sidecar.errors import InvalidArgument, SidecarError
+from sidecar.vision.image_input import RgbImage
+
+# Stands for an image inside chat message text; the engine splits the rendered prompt on it and
+# puts the image's embeddings there. Game text may not contain it.
+IMAGE_MARKER = "<__xlm_image__>"
 
 ROLES = ("system", "user", "assistant")
 
@@ -47,9 +52,15 @@ class GenerationSpec:
     max_tokens: int = 256
     stop: tuple[str, ...] = ()
     grammar: str | None = None
+    # The JSON schema `grammar` was derived from, as the caller sent it: the remote backend forwards
+    # the schema itself, since OpenAI-compatible servers take schemas, not GBNF.
+    json_schema: str = ""
     session_id: str = ""
     reset_session: bool = False
     request_id: str = ""
+    # AskImage: the screenshot (None for a follow-up about the session's last image).
+    image: RgbImage | None = None
+    asks_about_image: bool = False
 
 
 class FinishReason(enum.Enum):
@@ -85,6 +96,19 @@ class Timings:
 
 
 @dataclass(frozen=True)
+class ImageReport:
+    """What became of the request's image: its sizes, tokens, and whether it was encoded now or
+    its KV was reused from the session."""
+
+    original_size: tuple[int, int]
+    encoded_size: tuple[int, int]
+    downscaled: bool
+    image_tokens: int
+    encode_ms: float
+    reused: bool
+
+
+@dataclass(frozen=True)
 class Finished:
     """Always the last event of a request that did not fail."""
 
@@ -92,6 +116,7 @@ class Finished:
     usage: Usage
     timings: Timings
     session_id: str
+    image: ImageReport | None = None
 
 
 Event = Union[TextDelta, Finished, SidecarError]

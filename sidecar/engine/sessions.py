@@ -28,6 +28,9 @@ class Session:
     seq: int | None = None
     saved_state: bytes | None = None
     saved_tokens: list[int] = field(default_factory=list)
+    # Images of the conversation in the order their markers appear in `messages` (their
+    # embeddings, so a dropped cache is rebuilt without running the encoder again).
+    images: list = field(default_factory=list)
 
     @property
     def is_empty(self) -> bool:

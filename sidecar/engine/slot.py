@@ -30,6 +30,15 @@ class ActiveRequest:
     reply: list[str] = field(default_factory=list)
     prefill_done_at: float | None = None
     first_token_at: float | None = None
+    # Index in prompt_tokens of each image's first embedding -> the image (EncodedImage).
+    image_spans: dict[int, object] = field(default_factory=dict)
+    new_image: object | None = None  # encoded for this request; joins the session when it ends
+    image_report: object | None = None
+
+    def next_image_start(self) -> int | None:
+        """Where the next image not yet in the cache begins, if any."""
+        starts = [s for s in self.image_spans if s >= self.fed]
+        return min(starts) if starts else None
 
     @property
     def decoding(self) -> bool:

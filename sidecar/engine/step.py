@@ -19,6 +19,8 @@ class SequenceDemand:
     tokens: tuple[int, ...]
     start_pos: int
     decoding: bool
+    # False when the prompt goes on past these tokens (an image follows): no logits at their end.
+    ends_prompt: bool = True
 
 
 @dataclass(frozen=True)
@@ -54,7 +56,7 @@ def plan_step(demands: list[SequenceDemand], n_batch: int) -> StepPlan:
         if room <= 0:
             break
         take = min(room, len(d.tokens))
-        ends_prompt = take == len(d.tokens)
+        ends_prompt = take == len(d.tokens) and d.ends_prompt
         for i in range(take):
             last = ends_prompt and i == take - 1
             if last:

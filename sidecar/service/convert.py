@@ -18,7 +18,9 @@ from sidecar.engine import (
     json_schema_grammar,
 )
 from sidecar.engine.load_report import is_vram
+from sidecar.engine.requests import IMAGE_MARKER
 from sidecar.errors import InvalidArgument
+from sidecar.vision.image_input import decode_encoded, decode_raw
 
 DEFAULT_MAX_TOKENS = 256
 MAX_STOP_STRINGS = 16
@@ -63,14 +65,68 @@ def generation_spec_from_pb(r: pb.GenerateRequest) -> GenerationSpec:
         max_tokens=r.max_tokens or DEFAULT_MAX_TOKENS,
         stop=stops,
         grammar=json_schema_grammar(r.json_schema) if r.json_schema else None,
+        json_schema=r.json_schema,
         session_id=r.session_id,
         reset_session=r.reset_session,
         request_id=r.request_id,
     )
 
 
+_RAW_LAYOUT = {pb.PIXEL_FORMAT_RGBA8: "rgba8", pb.PIXEL_FORMAT_BGRA8: "bgra8", pb.PIXEL_FORMAT_RGB8: "rgb8"}
+MAX_QUESTION_CHARS = 8192
+
+
+def image_spec_from_pb(r: pb.AskImageRequest, max_image_bytes: int) -> GenerationSpec:
+    """A validated image question. The image is decoded and checked here, before the engine sees it.
+
+    Without an image the question is a follow-up about the session's last image."""
+    question = r.question.strip()
+    if not question:
+        raise InvalidArgument("question is empty")
+    if len(question) > MAX_QUESTION_CHARS:
+        raise InvalidArgument(f"question is longer than {MAX_QUESTION_CHARS} characters")
+    if IMAGE_MARKER in question:
+        raise InvalidArgument(f"question may not contain {IMAGE_MARKER!r}")
+    which = r.image.WhichOneof("source") if r.HasField("image") else None
+    if which == "encoded":
+        image = decode_encoded(r.image.encoded, max_image_bytes)
+    elif which == "raw":
+        raw = r.image.raw
+        if raw.format not in _RAW_LAYOUT:
+            raise InvalidArgument("raw.format must be PIXEL_FORMAT_RGBA8, PIXEL_FORMAT_BGRA8 or PIXEL_FORMAT_RGB8")
+        image = decode_raw(raw.pixels, raw.width, raw.height, raw.stride, _RAW_LAYOUT[raw.format], raw.bottom_up,
+                           max_image_bytes)
+    else:
+        image = None
+        if not r.session_id:
+            raise InvalidArgument("no image: send one (encoded or raw), or ask a follow-up with the session_id of an earlier image")
+    content = f"{IMAGE_MARKER}\n{question}" if image is not None else question
+    stops = tuple(r.stop)
+    if len(stops) > MAX_STOP_STRINGS or any(not s or len(s) > MAX_STOP_LENGTH for s in stops):
+        raise InvalidArgument(f"at most {MAX_STOP_STRINGS} stop strings of 1 to {MAX_STOP_LENGTH} characters")
+    return GenerationSpec(
+        prompt=Prompt(messages=(("user", content),)),
+        sampling=sampling_from_pb(r.sampling),
+        max_tokens=r.max_tokens or DEFAULT_MAX_TOKENS,
+        stop=stops,
+        grammar=json_schema_grammar(r.json_schema) if r.json_schema else None,
+        session_id=r.session_id,
+        request_id=r.request_id,
+        image=image,
+        asks_about_image=True,
+    )
+
+
 def chunk_from_finished(f: Finished) -> pb.GenerateChunk:
     t = f.timings
+    image = None
+    if f.image is not None:
+        i = f.image
+        image = pb.ImageInfo(
+            original_width=i.original_size[0], original_height=i.original_size[1],
+            encoded_width=i.encoded_size[0], encoded_height=i.encoded_size[1],
+            downscaled=i.downscaled, image_tokens=i.image_tokens, encode_ms=i.encode_ms,
+        )
     return pb.GenerateChunk(
         final=pb.GenerationFinal(
             finish_reason=_FINISH[f.reason],
@@ -87,6 +143,7 @@ def chunk_from_finished(f: Finished) -> pb.GenerateChunk:
                 queued_ms=t.queued_ms,
             ),
             session_id=f.session_id,
+            image=image,
         )
     )
 
@@ -116,6 +173,7 @@ def status_to_pb(
     host_resident_bytes: int,
     listen_addresses: list[str],
     max_message_bytes: int,
+    max_image_bytes: int = 0,
 ) -> pb.Status:
     m, c, t = snap.model, snap.config, snap.throughput
     return pb.Status(
@@ -131,8 +189,10 @@ def status_to_pb(
             layers=m.layers,
             experts=m.experts,
             chat_template=m.chat_template,
-            vision_available=False,
+            vision_available=c.vision is not None,
+            projector_path=str(c.vision.projector_path) if c.vision is not None else "",
         ),
+        vision=vision_status_to_pb(snap),
         budget=budget_to_pb(budget),
         schedule=schedule_to_pb(c),
         memory=pb.MemoryUse(
@@ -167,9 +227,32 @@ def status_to_pb(
             max_prompt_tokens=c.max_prompt_tokens,
             max_tokens_per_request=c.max_tokens_per_request,
             max_message_bytes=max_message_bytes,
+            max_image_bytes=max_image_bytes,
         ),
         uptime_s=uptime_s,
         listen_addresses=listen_addresses,
+    )
+
+
+def vision_status_to_pb(snap: EngineSnapshot) -> pb.VisionStatus:
+    v = snap.config.vision
+    if v is None:
+        return pb.VisionStatus(available=False)
+    where = "gpu" if v.use_gpu else "cpu"
+    placement = (where + "_resident") if v.resident else ("gpu_streamed" if v.use_gpu else "cpu")
+    stats = snap.vision
+    return pb.VisionStatus(
+        available=True,
+        projector_path=str(v.projector_path),
+        placement=placement,
+        vlmopt=not v.resident,
+        flash_attention=v.flash_attention,
+        image_max_tokens=v.image_max_tokens,
+        images_encoded=stats.images_encoded if stats else 0,
+        last_encode_ms=stats.last_encode_ms if stats else 0.0,
+        last_load_ms=stats.last_load_ms if stats else 0.0,
+        compute_buffer_bytes=stats.compute_buffer_bytes if stats else 0,
+        loaded=stats.loaded if stats else False,
     )
 
 

@@ -33,6 +33,7 @@ class ServiceInfo:
     max_message_bytes: int
     # Least time between two text chunks of one stream; 0 sends every token as it comes.
     stream_interval_s: float = 0.016
+    max_image_bytes: int = 32 << 20
 
 
 class SidecarService:
@@ -53,7 +54,19 @@ class SidecarService:
         """Stream a generation. Stopping iteration early (client gone) cancels the engine job."""
         if self.draining:
             raise Unavailable("the daemon is shutting down")
-        spec = convert.generation_spec_from_pb(request)
+        async for chunk in self._stream(convert.generation_spec_from_pb(request)):
+            yield chunk
+
+    async def ask_image(self, request: pb.AskImageRequest) -> AsyncIterator[pb.GenerateChunk]:
+        """Answer a question about a screenshot (or, in a session, about its last one)."""
+        if self.draining:
+            raise Unavailable("the daemon is shutting down")
+        # Decoding a large PNG takes tens of milliseconds: keep it off the event loop.
+        spec = await asyncio.to_thread(convert.image_spec_from_pb, request, self.info.max_image_bytes)
+        async for chunk in self._stream(spec):
+            yield chunk
+
+    async def _stream(self, spec) -> AsyncIterator[pb.GenerateChunk]:
         collector = StreamCollector(asyncio.get_running_loop())
         job = self.engine.submit(spec, collector.put)
         log.debug("generate", request_id=spec.request_id, session_id=spec.session_id)
@@ -83,10 +96,6 @@ class SidecarService:
                     raise end
         finally:
             job.cancel()  # a no-op when the job already finished
-
-    async def ask_image(self, request: pb.AskImageRequest) -> AsyncIterator[pb.GenerateChunk]:
-        raise Unimplemented("image questions arrive with vision-language model support")
-        yield  # pragma: no cover - makes this an async generator like generate()
 
     async def set_budget(self, request: pb.SetBudgetRequest) -> pb.SetBudgetResponse:
         control = self.budget_control
@@ -129,6 +138,7 @@ class SidecarService:
             host_resident_bytes=self._process.memory_info().rss,
             listen_addresses=list(self.info.listen_addresses),
             max_message_bytes=self.info.max_message_bytes,
+            max_image_bytes=self.info.max_image_bytes,
         )
 
     async def end_session(self, request: pb.EndSessionRequest) -> pb.EndSessionResponse:

@@ -82,13 +82,16 @@ async def start_transports(core: SidecarService, settings: Settings, authenticat
     """Bind and start gRPC, then the bridge. PortInUse (everything started is stopped again) when
     either cannot listen."""
     address = grpc_address(settings)
-    server, health_servicer, port = await start_grpc_server(core, address, settings.max_message_bytes, authenticator)
+    # A screenshot may be larger than any other message: an AskImage carrying the largest image
+    # accepted must get through (and be refused by size, with a message, above that).
+    limit = max(settings.max_message_bytes, settings.max_image_bytes + (64 << 10))
+    server, health_servicer, port = await start_grpc_server(core, address, limit, authenticator)
     if settings.socket is None:
         address = format_address(settings.host, port)
     ws_port = websocket_port(settings)
     if ws_port is None:
         return Transports(server, health_servicer, address, port, None, None)
-    bridge = WebSocketBridge(core, authenticator, websocket_frame_limit(settings.max_message_bytes))
+    bridge = WebSocketBridge(core, authenticator, websocket_frame_limit(limit))
     try:
         bound = await bridge.start(settings.host, ws_port)
     except OSError as e:

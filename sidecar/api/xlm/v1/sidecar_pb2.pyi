@@ -420,7 +420,7 @@ class Limits(_message.Message):
     def __init__(self, max_sessions: _Optional[int] = ..., context_per_session: _Optional[int] = ..., max_prompt_tokens: _Optional[int] = ..., max_tokens_per_request: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., max_image_bytes: _Optional[int] = ...) -> None: ...
 
 class Status(_message.Message):
-    __slots__ = ("version", "phase", "model", "budget", "schedule", "memory", "throughput", "sessions", "limits", "uptime_s", "listen_addresses")
+    __slots__ = ("version", "phase", "model", "budget", "schedule", "memory", "throughput", "sessions", "limits", "uptime_s", "listen_addresses", "vision")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -432,6 +432,7 @@ class Status(_message.Message):
     LIMITS_FIELD_NUMBER: _ClassVar[int]
     UPTIME_S_FIELD_NUMBER: _ClassVar[int]
     LISTEN_ADDRESSES_FIELD_NUMBER: _ClassVar[int]
+    VISION_FIELD_NUMBER: _ClassVar[int]
     version: str
     phase: EnginePhase
     model: ModelInfo
@@ -443,7 +444,34 @@ class Status(_message.Message):
     limits: Limits
     uptime_s: float
     listen_addresses: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, version: _Optional[str] = ..., phase: _Optional[_Union[EnginePhase, str]] = ..., model: _Optional[_Union[ModelInfo, _Mapping]] = ..., budget: _Optional[_Union[Budget, _Mapping]] = ..., schedule: _Optional[_Union[Schedule, _Mapping]] = ..., memory: _Optional[_Union[MemoryUse, _Mapping]] = ..., throughput: _Optional[_Union[Throughput, _Mapping]] = ..., sessions: _Optional[_Iterable[_Union[SessionInfo, _Mapping]]] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., uptime_s: _Optional[float] = ..., listen_addresses: _Optional[_Iterable[str]] = ...) -> None: ...
+    vision: VisionStatus
+    def __init__(self, version: _Optional[str] = ..., phase: _Optional[_Union[EnginePhase, str]] = ..., model: _Optional[_Union[ModelInfo, _Mapping]] = ..., budget: _Optional[_Union[Budget, _Mapping]] = ..., schedule: _Optional[_Union[Schedule, _Mapping]] = ..., memory: _Optional[_Union[MemoryUse, _Mapping]] = ..., throughput: _Optional[_Union[Throughput, _Mapping]] = ..., sessions: _Optional[_Iterable[_Union[SessionInfo, _Mapping]]] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., uptime_s: _Optional[float] = ..., listen_addresses: _Optional[_Iterable[str]] = ..., vision: _Optional[_Union[VisionStatus, _Mapping]] = ...) -> None: ...
+
+class VisionStatus(_message.Message):
+    __slots__ = ("available", "projector_path", "placement", "vlmopt", "flash_attention", "image_max_tokens", "images_encoded", "last_encode_ms", "last_load_ms", "compute_buffer_bytes", "loaded")
+    AVAILABLE_FIELD_NUMBER: _ClassVar[int]
+    PROJECTOR_PATH_FIELD_NUMBER: _ClassVar[int]
+    PLACEMENT_FIELD_NUMBER: _ClassVar[int]
+    VLMOPT_FIELD_NUMBER: _ClassVar[int]
+    FLASH_ATTENTION_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    IMAGES_ENCODED_FIELD_NUMBER: _ClassVar[int]
+    LAST_ENCODE_MS_FIELD_NUMBER: _ClassVar[int]
+    LAST_LOAD_MS_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_BUFFER_BYTES_FIELD_NUMBER: _ClassVar[int]
+    LOADED_FIELD_NUMBER: _ClassVar[int]
+    available: bool
+    projector_path: str
+    placement: str
+    vlmopt: bool
+    flash_attention: bool
+    image_max_tokens: int
+    images_encoded: int
+    last_encode_ms: float
+    last_load_ms: float
+    compute_buffer_bytes: int
+    loaded: bool
+    def __init__(self, available: _Optional[bool] = ..., projector_path: _Optional[str] = ..., placement: _Optional[str] = ..., vlmopt: _Optional[bool] = ..., flash_attention: _Optional[bool] = ..., image_max_tokens: _Optional[int] = ..., images_encoded: _Optional[int] = ..., last_encode_ms: _Optional[float] = ..., last_load_ms: _Optional[float] = ..., compute_buffer_bytes: _Optional[int] = ..., loaded: _Optional[bool] = ...) -> None: ...
 
 class EndSessionRequest(_message.Message):
     __slots__ = ("session_id",)

@@ -1,0 +1,1 @@
+"""Vision-language support: screenshots in, image embeddings into a conversation's KV cache."""
