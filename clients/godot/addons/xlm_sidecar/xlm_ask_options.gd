@@ -1,0 +1,23 @@
+class_name XlmAskOptions
+extends Resource
+## How one question is asked: the NPC's persona, reply length, sampling, stop strings and an
+## optional JSON schema. Values left at their defaults (negative or empty) are not sent, so the
+## daemon's defaults apply. A Resource, so an NPC can keep its options in the inspector.
+
+## The NPC's persona, sent as the system message on a session's first turn (on every turn when
+## there is no session). Image questions have no system message and ignore it.
+@export_multiline var system_prompt := ""
+## Most tokens in the reply; 0 means the daemon's default (256).
+@export var max_tokens := 0
+## 0 is greedy (always the likeliest token); negative means the daemon's default (0.7).
+@export var temperature := -1.0
+## A fixed seed makes sampling reproducible; negative means a random seed per request.
+@export var sampling_seed := -1
+## The reply stops before any of these strings.
+@export var stop := PackedStringArray()
+## A JSON schema, as text, that the reply must follow (XlmSidecarClient.ask_json fills it).
+@export_multiline var json_schema := ""
+## Forget the session's history before this turn.
+@export var reset_session := false
+## Give up after this many milliseconds (the call fails with DEADLINE_EXCEEDED); 0 = no limit.
+@export var timeout_ms := 0

@@ -1,0 +1,242 @@
+class_name XlmProtocol
+extends RefCounted
+## The daemon's WebSocket frames (xlm.v1 in protobuf's JSON mapping), built and read in one place.
+##
+## Every name the addon puts on the wire or reads from it is a constant here, and
+## protocol_fixtures/*.json spells out the same frames: a test checks that the two agree and
+## replays the fixtures against a live daemon, so a protocol change cannot silently break the addon.
+
+# Frame envelope (sidecar/service/json_frames.py).
+const KEY_ID := "id"
+const KEY_METHOD := "method"
+const KEY_REQUEST := "request"
+const KEY_CANCEL := "cancel"
+const KEY_AUTH := "auth"
+const KEY_TIMEOUT_MS := "timeoutMs"
+const KEY_CHUNK := "chunk"
+const KEY_RESULT := "result"
+const KEY_END := "end"
+const KEY_ERROR := "error"
+const KEY_CODE := "code"
+const KEY_MESSAGE := "message"
+const AUTH_OK := "ok"
+
+# RPCs of xlm.v1.Sidecar the addon calls.
+const METHOD_GENERATE := "Generate"
+const METHOD_ASK_IMAGE := "AskImage"
+const METHOD_SET_BUDGET := "SetBudget"
+const METHOD_GET_STATUS := "GetStatus"
+const METHOD_END_SESSION := "EndSession"
+
+# Request fields.
+const FIELD_MESSAGES := "messages"
+const FIELD_ROLE := "role"
+const FIELD_CONTENT := "content"
+const FIELD_SAMPLING := "sampling"
+const FIELD_TEMPERATURE := "temperature"
+const FIELD_SEED := "seed"
+const FIELD_MAX_TOKENS := "maxTokens"
+const FIELD_STOP := "stop"
+const FIELD_JSON_SCHEMA := "jsonSchema"
+const FIELD_SESSION_ID := "sessionId"
+const FIELD_RESET_SESSION := "resetSession"
+const FIELD_QUESTION := "question"
+const FIELD_IMAGE := "image"
+const FIELD_RAW := "raw"
+const FIELD_PIXELS := "pixels"
+const FIELD_WIDTH := "width"
+const FIELD_HEIGHT := "height"
+const FIELD_FORMAT := "format"
+const FIELD_VRAM_SIZE := "vramSize"
+const FIELD_MAX_CPU_THREADS := "maxCpuThreads"
+
+# Reply fields the addon reads.
+const FIELD_TEXT := "text"
+const FIELD_TOKEN_IDS := "tokenIds"
+const FIELD_FINAL := "final"
+const FIELD_FINISH_REASON := "finishReason"
+const FIELD_USAGE := "usage"
+const FIELD_PROMPT_TOKENS := "promptTokens"
+const FIELD_CACHED_PROMPT_TOKENS := "cachedPromptTokens"
+const FIELD_COMPLETION_TOKENS := "completionTokens"
+const FIELD_TIMINGS := "timings"
+const FIELD_TIME_TO_FIRST_TOKEN_MS := "timeToFirstTokenMs"
+const FIELD_DECODE_TOKENS_PER_S := "decodeTokensPerS"
+const FIELD_ENCODED_WIDTH := "encodedWidth"
+const FIELD_ENCODED_HEIGHT := "encodedHeight"
+const FIELD_IMAGE_TOKENS := "imageTokens"
+const FIELD_PHASE := "phase"
+const FIELD_MODEL := "model"
+const FIELD_NAME := "name"
+const FIELD_VISION_AVAILABLE := "visionAvailable"
+const FIELD_BUDGET := "budget"
+const FIELD_VRAM_BYTES := "vramBytes"
+const FIELD_SESSIONS := "sessions"
+const FIELD_LIMITS := "limits"
+const FIELD_MAX_MESSAGE_BYTES := "maxMessageBytes"
+const FIELD_RELOADED := "reloaded"
+const FIELD_PAUSE_MS := "pauseMs"
+const FIELD_TOKENS_FREED := "tokensFreed"
+
+# Enum values, by name as the JSON mapping writes them.
+const ROLE_SYSTEM := "system"
+const ROLE_USER := "user"
+const PIXEL_FORMAT_RGBA8 := "PIXEL_FORMAT_RGBA8"
+const FINISH_STOP := "FINISH_REASON_STOP"
+const FINISH_LENGTH := "FINISH_REASON_LENGTH"
+const FINISH_STOP_STRING := "FINISH_REASON_STOP_STRING"
+const FINISH_CANCELLED := "FINISH_REASON_CANCELLED"
+const FINISH_CONTEXT_FULL := "FINISH_REASON_CONTEXT_FULL"
+const PHASE_LOADING := "ENGINE_PHASE_LOADING"
+const PHASE_READY := "ENGINE_PHASE_READY"
+const PHASE_RELOADING := "ENGINE_PHASE_RELOADING"
+const PHASE_DRAINING := "ENGINE_PHASE_DRAINING"
+
+# Error codes: gRPC status names. The addon also uses them for failures it detects itself.
+const STATUS_CANCELLED := "CANCELLED"
+const STATUS_INVALID_ARGUMENT := "INVALID_ARGUMENT"
+const STATUS_DEADLINE_EXCEEDED := "DEADLINE_EXCEEDED"
+const STATUS_NOT_FOUND := "NOT_FOUND"
+const STATUS_RESOURCE_EXHAUSTED := "RESOURCE_EXHAUSTED"
+const STATUS_FAILED_PRECONDITION := "FAILED_PRECONDITION"
+const STATUS_UNIMPLEMENTED := "UNIMPLEMENTED"
+const STATUS_UNAVAILABLE := "UNAVAILABLE"
+const STATUS_UNAUTHENTICATED := "UNAUTHENTICATED"
+
+const AskOptions := preload("res://addons/xlm_sidecar/xlm_ask_options.gd")
+
+
+static func auth_frame(token: String) -> Dictionary:
+	return {KEY_AUTH: token}
+
+
+static func call_frame(
+	call_id: String, method: String, request: Dictionary, timeout_ms: int = 0
+) -> Dictionary:
+	var frame := {KEY_ID: call_id, KEY_METHOD: method, KEY_REQUEST: request}
+	if timeout_ms > 0:
+		frame[KEY_TIMEOUT_MS] = timeout_ms
+	return frame
+
+
+static func cancel_frame(call_id: String) -> Dictionary:
+	return {KEY_ID: call_id, KEY_CANCEL: true}
+
+
+## A Generate request: chat messages (the persona first, when given), sampling and limits.
+static func generate_request(
+	text: String, system_prompt: String, session_id: String, options: AskOptions
+) -> Dictionary:
+	var messages: Array = []
+	if not system_prompt.is_empty():
+		messages.append({FIELD_ROLE: ROLE_SYSTEM, FIELD_CONTENT: system_prompt})
+	messages.append({FIELD_ROLE: ROLE_USER, FIELD_CONTENT: text})
+	var request := {FIELD_MESSAGES: {FIELD_MESSAGES: messages}}
+	_add_common(request, session_id, options)
+	if options.reset_session:
+		request[FIELD_RESET_SESSION] = true
+	return request
+
+
+## An AskImage request with tightly packed, top-down RGBA8 pixels.
+static func ask_image_request(
+	rgba: PackedByteArray,
+	width: int,
+	height: int,
+	question: String,
+	session_id: String,
+	options: AskOptions
+) -> Dictionary:
+	var raw := {
+		FIELD_PIXELS: Marshalls.raw_to_base64(rgba),
+		FIELD_WIDTH: width,
+		FIELD_HEIGHT: height,
+		FIELD_FORMAT: PIXEL_FORMAT_RGBA8,
+	}
+	var request := {FIELD_IMAGE: {FIELD_RAW: raw}, FIELD_QUESTION: question}
+	_add_common(request, session_id, options)
+	return request
+
+
+## A SetBudget request: VRAM as people write it ("512M", "3G", "0") and, when not negative,
+## a cap on CPU threads (0 removes the cap).
+static func set_budget_request(vram_size: String, max_cpu_threads: int) -> Dictionary:
+	var request := {FIELD_VRAM_SIZE: vram_size}
+	if max_cpu_threads >= 0:
+		request[FIELD_MAX_CPU_THREADS] = max_cpu_threads
+	return request
+
+
+static func end_session_request(session_id: String) -> Dictionary:
+	return {FIELD_SESSION_ID: session_id}
+
+
+## Fields shared by Generate and AskImage; defaults are left out so the daemon's apply.
+static func _add_common(request: Dictionary, session_id: String, options: AskOptions) -> void:
+	if options.max_tokens > 0:
+		request[FIELD_MAX_TOKENS] = options.max_tokens
+	var sampling := {}
+	if options.temperature >= 0.0:
+		sampling[FIELD_TEMPERATURE] = options.temperature
+	if options.sampling_seed >= 0:
+		# uint64: the JSON mapping carries 64-bit integers as strings.
+		sampling[FIELD_SEED] = str(options.sampling_seed)
+	if not sampling.is_empty():
+		request[FIELD_SAMPLING] = sampling
+	if not options.stop.is_empty():
+		request[FIELD_STOP] = Array(options.stop)
+	if not options.json_schema.is_empty():
+		request[FIELD_JSON_SCHEMA] = options.json_schema
+	if not session_id.is_empty():
+		request[FIELD_SESSION_ID] = session_id
+
+
+## A uint64/int64 field: the JSON mapping writes them as strings; numbers are taken too.
+static func read_int64(message: Dictionary, field: String) -> int:
+	var value: Variant = message.get(field, 0)
+	if value is String:
+		return (value as String).to_int()
+	return read_int(message, field)
+
+
+## JSON numbers arrive as floats.
+static func read_int(message: Dictionary, field: String) -> int:
+	var value: Variant = message.get(field, 0)
+	if value is float or value is int:
+		return int(value)
+	return 0
+
+
+static func read_float(message: Dictionary, field: String) -> float:
+	var value: Variant = message.get(field, 0.0)
+	if value is float or value is int:
+		return float(value)
+	return 0.0
+
+
+static func read_string(message: Dictionary, field: String) -> String:
+	var value: Variant = message.get(field, "")
+	if value is String:
+		return value
+	return ""
+
+
+static func read_bool(message: Dictionary, field: String) -> bool:
+	var value: Variant = message.get(field, false)
+	if value is bool:
+		return value
+	return false
+
+
+static func read_dict(message: Dictionary, field: String) -> Dictionary:
+	var value: Variant = message.get(field, {})
+	if value is Dictionary:
+		return value
+	return {}
+
+
+static func read_array(message: Dictionary, field: String) -> Array:
+	var value: Variant = message.get(field, [])
+	if value is Array:
+		return value
+	return []

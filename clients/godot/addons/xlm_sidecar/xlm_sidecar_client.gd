@@ -1,0 +1,505 @@
+class_name XlmSidecarClient
+extends Node
+## Talks to an xlm-sidecar daemon over its WebSocket bridge: NPC replies streamed token by token,
+## one session per NPC, JSON-schema replies, questions about screenshots, the VRAM budget, and
+## launching and stopping the daemon. Enabling the plugin registers it as the `XlmSidecar`
+## autoload; it also works as a plain node.
+##
+## Every ask returns an XlmCall at once. Calls made while the connection is still being set up
+## wait and go out once it is ready; the node's _process drives the socket, so it must run.
+
+## Authenticated and ready; `status` is the daemon's GetStatus answer.
+signal connected(status: Dictionary)
+## The connection is gone (or could not be made); every call in flight has failed.
+signal disconnected(reason: String)
+## New text of a reply.
+signal token_received(call_id: String, text: String)
+## A reply ended well; `text` is all of it (the call's XlmCall has the details).
+signal reply_finished(call_id: String, text: String)
+## A call failed; `code` is a gRPC status name ("CANCELLED", "UNAVAILABLE", ...).
+signal request_failed(call_id: String, code: String, message: String)
+signal status_received(status: Dictionary)
+## The budget a set_vram_budget call put in force.
+signal budget_changed(vram_bytes: int, reloaded: bool, pause_ms: float)
+signal session_ended(session_id: String, tokens_freed: int)
+## The daemon this node launched is no longer running.
+signal daemon_exited
+## Each frame as it leaves (for debugging and for the protocol test).
+signal frame_sent(frame: Dictionary)
+
+enum State { DISCONNECTED, CONNECTING, AUTHENTICATING, READY }
+
+const Protocol := preload("res://addons/xlm_sidecar/xlm_protocol.gd")
+const Call := preload("res://addons/xlm_sidecar/xlm_call.gd")
+const AskOptions := preload("res://addons/xlm_sidecar/xlm_ask_options.gd")
+const Daemon := preload("res://addons/xlm_sidecar/xlm_daemon.gd")
+const CALL_ID_PREFIX := "xlm-"
+## A daemon that was just launched refuses connections until it listens: try again this often.
+const RETRY_INTERVAL_MS := 250
+const DAEMON_CHECK_INTERVAL_MS := 500
+## Room for a screenshot of max_image_side pixels in base64 (WebSocketPeer's default is 64 KiB).
+const OUTBOUND_BUFFER_BYTES := 16 << 20
+const INBOUND_BUFFER_BYTES := 1 << 20
+
+## The daemon's WebSocket bridge: its gRPC port + 1.
+@export var url := "ws://127.0.0.1:50552"
+## How long connect_to_daemon keeps trying (a daemon loading a large model takes a while).
+@export var connect_timeout_s := 120.0
+## Screenshots are scaled down to this longer side before they are sent: the daemon scales them
+## to its vision encoder's size anyway, and the bridge refuses frames over its message limit.
+@export var max_image_side := 1024
+@export_group("Daemon")
+## Launch the daemon when the node enters the tree (stopped again when the game closes).
+@export var launch_on_ready := false
+@export var daemon_executable := "xlm-sidecar"
+@export var daemon_port := 50551
+@export var daemon_budget := "0"
+## More `serve` flags, e.g. ["--model", "/path/model.gguf"].
+@export var daemon_args := PackedStringArray()
+
+var state: State = State.DISCONNECTED
+## From the daemon's status, read on connecting.
+var phase := ""
+var model_name := ""
+var vision_available := false
+var vram_budget_bytes := 0
+
+var _socket: WebSocketPeer = null
+var _token := ""
+var _calls := {}
+var _unsent: Array[Call] = []
+var _next_id := 0
+var _status_call: Call = null
+var _sessions_begun := {}
+var _daemon: Daemon = null
+var _deadline_ms := 0
+var _retry_at_ms := 0
+var _daemon_check_at_ms := 0
+var _max_frame_bytes := 0
+
+
+func _ready() -> void:
+	if launch_on_ready:
+		launch_daemon()
+
+
+func _process(_delta: float) -> void:
+	var now := Time.get_ticks_msec()
+	if _daemon != null and now >= _daemon_check_at_ms:
+		_daemon_check_at_ms = now + DAEMON_CHECK_INTERVAL_MS
+		if not _daemon.is_running():
+			_on_daemon_exited()
+	if state != State.READY and state != State.DISCONNECTED and now > _deadline_ms:
+		_drop_connection(
+			Protocol.STATUS_UNAVAILABLE,
+			"no daemon answered at %s within %.0f s" % [url, connect_timeout_s]
+		)
+		return
+	if _socket == null:
+		if _retry_at_ms > 0 and now >= _retry_at_ms:
+			_open_socket()
+		return
+	_socket.poll()
+	var socket_state := _socket.get_ready_state()
+	if socket_state == WebSocketPeer.STATE_OPEN and state == State.CONNECTING:
+		state = State.AUTHENTICATING
+		_send_frame(Protocol.auth_frame(_token))
+	# Frames that arrived before a close are still read: a refused token comes as one.
+	while _socket != null and _socket.get_available_packet_count() > 0:
+		_on_frame_text(_socket.get_packet().get_string_from_utf8())
+	if _socket != null and socket_state == WebSocketPeer.STATE_CLOSED:
+		_on_socket_closed()
+
+
+func _notification(what: int) -> void:
+	if what == NOTIFICATION_WM_CLOSE_REQUEST or what == NOTIFICATION_PREDELETE:
+		if _daemon != null:
+			_daemon.stop()
+			_daemon = null
+
+
+## Starts `xlm-sidecar serve` with the Daemon settings above, the game's process id and a fresh
+## token, and connects to it.
+func launch_daemon() -> Error:
+	stop_daemon()
+	var daemon := Daemon.new()
+	daemon.executable = daemon_executable
+	daemon.port = daemon_port
+	daemon.budget = daemon_budget
+	daemon.extra_args = daemon_args
+	var err := daemon.start()
+	if err != OK:
+		push_error("xlm-sidecar: could not start %s (%s)" % [daemon_executable, error_string(err)])
+		return err
+	_daemon = daemon
+	_daemon_check_at_ms = Time.get_ticks_msec() + DAEMON_CHECK_INTERVAL_MS
+	return connect_to_daemon(daemon.websocket_url(), daemon.token)
+
+
+## Disconnects and stops the daemon this node launched (it waits for the daemon to exit).
+func stop_daemon() -> void:
+	disconnect_from_daemon()
+	if _daemon != null:
+		_daemon.stop()
+		_daemon = null
+
+
+## Connects to a running daemon's bridge with its token (the daemon's XLM_SIDECAR_TOKEN, or its
+## token file). Keeps trying for connect_timeout_s; `connected` or `disconnected` tells how it went.
+func connect_to_daemon(ws_url: String = "", token: String = "") -> Error:
+	if state != State.DISCONNECTED:
+		disconnect_from_daemon()
+	if not ws_url.is_empty():
+		url = ws_url
+	_token = token
+	_deadline_ms = Time.get_ticks_msec() + int(connect_timeout_s * 1000.0)
+	state = State.CONNECTING
+	# The first call on every connection reads the daemon's status (model, limits, sessions).
+	_status_call = _new_call(Protocol.METHOD_GET_STATUS, "", {})
+	return _open_socket()
+
+
+## Closes the connection; calls in flight fail with UNAVAILABLE (the daemon cancels them).
+func disconnect_from_daemon() -> void:
+	if state != State.DISCONNECTED:
+		_drop_connection(Protocol.STATUS_UNAVAILABLE, "disconnected by the game")
+
+
+func is_ready() -> bool:
+	return state == State.READY
+
+
+## Asks the model. With a session id (one per NPC) the daemon keeps the conversation, so later
+## turns send only the new line; options.system_prompt (the NPC's persona) goes with a session's
+## first turn only.
+func ask(text: String, session_id: String = "", options: AskOptions = null) -> Call:
+	var opts := _options(options)
+	var system_prompt := opts.system_prompt
+	if not session_id.is_empty() and _sessions_begun.has(session_id) and not opts.reset_session:
+		system_prompt = ""
+	var request := Protocol.generate_request(text, system_prompt, session_id, opts)
+	if not session_id.is_empty():
+		_sessions_begun[session_id] = true
+	return _start_call(Protocol.METHOD_GENERATE, session_id, request, opts.timeout_ms)
+
+
+## Asks for a reply that is JSON valid against `schema` (structured NPC actions); read it with
+## XlmCall.parse_json() once finished.
+func ask_json(
+	text: String, schema: Dictionary, session_id: String = "", options: AskOptions = null
+) -> Call:
+	var opts := _options(options).duplicate() as AskOptions
+	opts.json_schema = JSON.stringify(schema)
+	return ask(text, session_id, opts)
+
+
+## Asks about an image (any format; sent as top-down RGBA8, scaled to max_image_side).
+## FAILED_PRECONDITION when the daemon has no vision projector (see `vision_available`).
+func ask_about_image(
+	image: Image, question: String, session_id: String = "", options: AskOptions = null
+) -> Call:
+	var opts := _options(options)
+	if image == null or image.is_empty():
+		var call := _new_call(Protocol.METHOD_ASK_IMAGE, session_id, {})
+		_fail_later(call, Protocol.STATUS_INVALID_ARGUMENT, "the image is empty")
+		return call
+	var prepared := _prepare_image(image)
+	var request := Protocol.ask_image_request(
+		prepared.get_data(), prepared.get_width(), prepared.get_height(), question, session_id, opts
+	)
+	return _start_call(Protocol.METHOD_ASK_IMAGE, session_id, request, opts.timeout_ms)
+
+
+## Asks about what the viewport shows now (its last drawn frame).
+func ask_about_screen(
+	question: String, session_id: String = "", options: AskOptions = null
+) -> Call:
+	var texture := get_viewport().get_texture()
+	var image: Image = null
+	if texture != null:
+		image = texture.get_image()
+	return ask_about_image(image, question, session_id, options)
+
+
+## Stops a call. The daemon ends it with CANCELLED, unless it finished first (then it ends as
+## usual): either way its `finished` fires.
+func cancel(call_id: String) -> void:
+	var call: Call = _calls.get(call_id)
+	if call == null:
+		return
+	if _unsent.has(call):
+		_unsent.erase(call)
+		_calls.erase(call_id)
+		_fail_later(call, Protocol.STATUS_CANCELLED, "cancelled before it was sent")
+		return
+	_send_frame(Protocol.cancel_frame(call_id))
+
+
+## Forgets an NPC's conversation and frees its memory in the daemon.
+func end_session(session_id: String) -> Call:
+	var request := Protocol.end_session_request(session_id)
+	return _start_call(Protocol.METHOD_END_SESSION, session_id, request, 0)
+
+
+## Changes the VRAM the daemon may use ("0" = CPU only, "512M", "3G", ...) and, unless negative,
+## its CPU thread cap (0 = none). Ends once the new budget is in force (`budget_changed`).
+func set_vram_budget(vram_size: String, max_cpu_threads: int = -1) -> Call:
+	var request := Protocol.set_budget_request(vram_size, max_cpu_threads)
+	return _start_call(Protocol.METHOD_SET_BUDGET, "", request, 0)
+
+
+func get_status() -> Call:
+	return _start_call(Protocol.METHOD_GET_STATUS, "", {}, 0)
+
+
+func _options(options: AskOptions) -> AskOptions:
+	if options == null:
+		return AskOptions.new()
+	return options
+
+
+func _new_call(
+	method: String, session_id: String, request: Dictionary, timeout_ms: int = 0
+) -> Call:
+	_next_id += 1
+	var call := Call.new(CALL_ID_PREFIX + str(_next_id), method, session_id)
+	call.frame = Protocol.call_frame(call.id, method, request, timeout_ms)
+	_calls[call.id] = call
+	return call
+
+
+func _start_call(method: String, session_id: String, request: Dictionary, timeout_ms: int) -> Call:
+	var call := _new_call(method, session_id, request, timeout_ms)
+	if state == State.DISCONNECTED:
+		_calls.erase(call.id)
+		_fail_later(
+			call,
+			Protocol.STATUS_UNAVAILABLE,
+			"not connected: call connect_to_daemon() or launch_daemon() first"
+		)
+	elif state == State.READY:
+		_send_call(call, true)
+	else:
+		_unsent.append(call)
+	return call
+
+
+func _send_call(call: Call, deferred_failure: bool) -> void:
+	var text := JSON.stringify(call.frame)
+	var size := text.to_utf8_buffer().size()
+	var failure := ""
+	var code := Protocol.STATUS_RESOURCE_EXHAUSTED
+	if _max_frame_bytes > 0 and size > _max_frame_bytes:
+		failure = (
+			"the request is %d bytes, over the daemon's limit of %d (lower max_image_side)"
+			% [size, _max_frame_bytes]
+		)
+	elif _socket.send_text(text) != OK:
+		failure = "the request (%d bytes) did not fit in the socket's buffer" % size
+	else:
+		frame_sent.emit(call.frame)
+		return
+	_calls.erase(call.id)
+	if deferred_failure:
+		_fail_later(call, code, failure)
+	else:
+		_fail(call, code, failure)
+
+
+func _send_frame(frame: Dictionary) -> void:
+	if _socket != null and _socket.send_text(JSON.stringify(frame)) == OK:
+		frame_sent.emit(frame)
+
+
+func _open_socket() -> Error:
+	_retry_at_ms = 0
+	_socket = WebSocketPeer.new()
+	_socket.outbound_buffer_size = OUTBOUND_BUFFER_BYTES
+	_socket.inbound_buffer_size = INBOUND_BUFFER_BYTES
+	var err := _socket.connect_to_url(url)
+	if err != OK:
+		_socket = null
+		_drop_connection(Protocol.STATUS_INVALID_ARGUMENT, "cannot connect to %s" % url)
+	return err
+
+
+func _on_socket_closed() -> void:
+	var close_code := _socket.get_close_code()
+	var close_reason := _socket.get_close_reason()
+	_socket = null
+	var daemon_alive := _daemon == null or _daemon.is_running()
+	if state == State.CONNECTING and daemon_alive and Time.get_ticks_msec() < _deadline_ms:
+		_retry_at_ms = Time.get_ticks_msec() + RETRY_INTERVAL_MS
+		return
+	_drop_connection(
+		Protocol.STATUS_UNAVAILABLE,
+		"the connection to %s closed (code %d %s)" % [url, close_code, close_reason]
+	)
+
+
+func _on_daemon_exited() -> void:
+	_daemon = null
+	daemon_exited.emit()
+	if state != State.DISCONNECTED:
+		_drop_connection(Protocol.STATUS_UNAVAILABLE, "the daemon exited (its log says why)")
+
+
+func _drop_connection(code: String, message: String) -> void:
+	state = State.DISCONNECTED
+	_retry_at_ms = 0
+	if _socket != null:
+		_socket.close()
+		_socket = null
+	var calls := _calls.values()
+	_calls.clear()
+	_unsent.clear()
+	_status_call = null
+	for call: Call in calls:
+		_fail(call, code, message)
+	disconnected.emit("%s: %s" % [code, message])
+
+
+func _on_frame_text(text: String) -> void:
+	var parsed: Variant = JSON.parse_string(text)
+	if not (parsed is Dictionary):
+		push_warning("xlm-sidecar: a frame that is not a JSON object: %s" % text.left(200))
+		return
+	var frame: Dictionary = parsed
+	if frame.has(Protocol.KEY_AUTH):
+		if Protocol.read_string(frame, Protocol.KEY_AUTH) == Protocol.AUTH_OK:
+			_on_authenticated()
+		return
+	var call_id: Variant = frame.get(Protocol.KEY_ID)
+	if not (call_id is String and _calls.has(call_id)):
+		_on_stray_frame(frame)
+		return
+	var call: Call = _calls[call_id]
+	if frame.has(Protocol.KEY_CHUNK):
+		_on_chunk(call, Protocol.read_dict(frame, Protocol.KEY_CHUNK))
+	elif frame.has(Protocol.KEY_END):
+		_calls.erase(call.id)
+		call.complete({})
+		reply_finished.emit(call.id, call.text)
+	elif frame.has(Protocol.KEY_RESULT):
+		_calls.erase(call.id)
+		_on_result(call, Protocol.read_dict(frame, Protocol.KEY_RESULT))
+	elif frame.has(Protocol.KEY_ERROR):
+		_calls.erase(call.id)
+		var error := Protocol.read_dict(frame, Protocol.KEY_ERROR)
+		var code := Protocol.read_string(error, Protocol.KEY_CODE)
+		var message := Protocol.read_string(error, Protocol.KEY_MESSAGE)
+		_fail(call, code, message)
+		if call == _status_call:
+			_drop_connection(code, "reading the daemon's status failed: " + message)
+
+
+## A frame tied to no call of ours: while authenticating, an error is the refused token.
+func _on_stray_frame(frame: Dictionary) -> void:
+	if not frame.has(Protocol.KEY_ERROR):
+		return
+	var error := Protocol.read_dict(frame, Protocol.KEY_ERROR)
+	var code := Protocol.read_string(error, Protocol.KEY_CODE)
+	var message := Protocol.read_string(error, Protocol.KEY_MESSAGE)
+	if state == State.AUTHENTICATING:
+		_drop_connection(code, message)
+	else:
+		push_warning("xlm-sidecar: %s: %s" % [code, message])
+
+
+func _on_authenticated() -> void:
+	if state != State.AUTHENTICATING:
+		return
+	state = State.READY
+	var waiting: Array[Call] = []
+	if _status_call != null:
+		waiting.append(_status_call)
+	waiting.append_array(_unsent)
+	_unsent.clear()
+	for call in waiting:
+		if state != State.READY:
+			break
+		_send_call(call, false)
+
+
+func _on_chunk(call: Call, chunk: Dictionary) -> void:
+	var text := Protocol.read_string(chunk, Protocol.FIELD_TEXT)
+	var tokens := Protocol.read_array(chunk, Protocol.FIELD_TOKEN_IDS).size()
+	call.receive_chunk(text, tokens, Protocol.read_dict(chunk, Protocol.FIELD_FINAL))
+	if not text.is_empty():
+		token_received.emit(call.id, text)
+
+
+func _on_result(call: Call, result: Dictionary) -> void:
+	call.complete(result)
+	if call.method == Protocol.METHOD_GET_STATUS:
+		_apply_status(result)
+		status_received.emit(result)
+		if call == _status_call:
+			_status_call = null
+			connected.emit(result)
+	elif call.method == Protocol.METHOD_SET_BUDGET:
+		var budget := Protocol.read_dict(result, Protocol.FIELD_BUDGET)
+		vram_budget_bytes = Protocol.read_int64(budget, Protocol.FIELD_VRAM_BYTES)
+		budget_changed.emit(
+			vram_budget_bytes,
+			Protocol.read_bool(result, Protocol.FIELD_RELOADED),
+			Protocol.read_float(result, Protocol.FIELD_PAUSE_MS)
+		)
+	elif call.method == Protocol.METHOD_END_SESSION:
+		_sessions_begun.erase(call.session_id)
+		session_ended.emit(call.session_id, Protocol.read_int(result, Protocol.FIELD_TOKENS_FREED))
+
+
+func _apply_status(status: Dictionary) -> void:
+	phase = Protocol.read_string(status, Protocol.FIELD_PHASE)
+	var model := Protocol.read_dict(status, Protocol.FIELD_MODEL)
+	model_name = Protocol.read_string(model, Protocol.FIELD_NAME)
+	vision_available = Protocol.read_bool(model, Protocol.FIELD_VISION_AVAILABLE)
+	var budget := Protocol.read_dict(status, Protocol.FIELD_BUDGET)
+	vram_budget_bytes = Protocol.read_int64(budget, Protocol.FIELD_VRAM_BYTES)
+	var limits := Protocol.read_dict(status, Protocol.FIELD_LIMITS)
+	# The bridge takes a message of maxMessageBytes with its bytes fields in base64 (a third
+	# larger); anything bigger would close the whole connection, so it is refused here instead.
+	var max_message := Protocol.read_int64(limits, Protocol.FIELD_MAX_MESSAGE_BYTES)
+	@warning_ignore("integer_division")
+	_max_frame_bytes = max_message + max_message / 3
+	# Sessions the daemon already holds have their persona: later turns must not repeat it.
+	for session: Variant in Protocol.read_array(status, Protocol.FIELD_SESSIONS):
+		if session is Dictionary:
+			var session_id := Protocol.read_string(session, Protocol.FIELD_SESSION_ID)
+			_sessions_begun[session_id] = true
+
+
+func _fail(call: Call, code: String, message: String) -> void:
+	if not call.session_id.is_empty() and call.method != Protocol.METHOD_END_SESSION:
+		# A turn refused outright left no conversation behind: the next one sends the persona.
+		if code != Protocol.STATUS_CANCELLED and code != Protocol.STATUS_DEADLINE_EXCEEDED:
+			_sessions_begun.erase(call.session_id)
+	call.fail(code, message)
+	request_failed.emit(call.id, code, message)
+
+
+## Failures found while the game is still in the asking function are reported on the next idle
+## frame, so `await call.finished` right after the ask still sees them.
+func _fail_later(call: Call, code: String, message: String) -> void:
+	_fail.call_deferred(call, code, message)
+
+
+func _prepare_image(image: Image) -> Image:
+	var longer := maxi(image.get_width(), image.get_height())
+	var too_big := max_image_side > 0 and longer > max_image_side
+	if image.get_format() == Image.FORMAT_RGBA8 and not image.has_mipmaps() and not too_big:
+		return image
+	var prepared := image.duplicate() as Image
+	if prepared.is_compressed():
+		prepared.decompress()
+	prepared.clear_mipmaps()
+	prepared.convert(Image.FORMAT_RGBA8)
+	if too_big:
+		var scale := float(max_image_side) / float(longer)
+		prepared.resize(
+			maxi(1, roundi(image.get_width() * scale)),
+			maxi(1, roundi(image.get_height() * scale)),
+			Image.INTERPOLATE_BILINEAR
+		)
+	return prepared
