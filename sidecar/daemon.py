@@ -55,6 +55,7 @@ async def _serve(settings: Settings, lifecycle: DaemonLifecycle, ready: asyncio.
         service.budget_control = BudgetControl(
             engine, budget, lambda b: engine_config(settings, b, inputs, projector), service.state, gpu_free_bytes
         )
+        await service.budget_control.fit_to_measured()
         transports = await start_transports(service, settings, lifecycle.authenticator)
         service.info = replace(info, listen_addresses=transports.addresses)
         lifecycle.listening(transports.port)

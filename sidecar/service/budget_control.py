@@ -32,6 +32,23 @@ AUTO_POLL_S = 2.0
 # Follow free VRAM only when it moved by more than this: NVML's figure jitters, and each change
 # may cost a reload.
 AUTO_HYSTERESIS_BYTES = 128 << 20
+# After a load, llama.cpp's own buffers may exceed what the plan predicted (allocator padding,
+# backend scratch the cost model does not know). Beyond this slack the budget handed to the
+# planner shrinks by the overshoot and the engine reloads: the game's grant is a hard limit.
+MEASURED_SLACK_BYTES = 32 << 20
+MAX_CORRECTIONS = 2
+
+
+def corrected_budget(granted: Budget, planned_for: Budget, measured_vram: int) -> Budget | None:
+    """The budget to plan with next when the load measured more VRAM than `granted`, or None.
+
+    `planned_for` is the budget the current placement was planned with (smaller than `granted`
+    after an earlier correction): each correction takes the overshoot off it again."""
+    overshoot = measured_vram - granted.vram_bytes
+    if granted.vram_bytes == 0 or overshoot <= MEASURED_SLACK_BYTES:
+        return None
+    return Budget(vram_bytes=max(planned_for.vram_bytes - overshoot - MEASURED_SLACK_BYTES, 0),
+                  max_cpu_threads=planned_for.max_cpu_threads)
 
 
 @dataclass(frozen=True)
@@ -93,6 +110,28 @@ class BudgetControl:
             if abs(target - self.budget.vram_bytes) > AUTO_HYSTERESIS_BYTES:
                 await self._apply(target, None, reason="auto")
 
+    async def fit_to_measured(self) -> bool:
+        """At start-up, after the first load: re-plan if llama.cpp took more VRAM than granted."""
+        async with self._lock:
+            reloaded, _ = await self._fit_to_measured(self.budget)
+            return reloaded
+
+    async def _fit_to_measured(self, granted: Budget) -> tuple[bool, float]:
+        """Load in stages: the plan fits, the engine allocates, and only a placement whose measured
+        buffers fit the grant is committed; otherwise plan again with the overshoot taken off."""
+        planned_for, reloaded, pause_ms = granted, False, 0.0
+        for _ in range(MAX_CORRECTIONS):
+            measured = self.engine.snapshot().load_report.vram_bytes()
+            smaller = corrected_budget(granted, planned_for, measured)
+            if smaller is None:
+                break
+            log.warning("llama.cpp took more VRAM than planned; planning again with less",
+                        granted=granted.vram_bytes, measured=measured, planned=self.engine.config.planned_vram_bytes,
+                        next_budget=smaller.vram_bytes)
+            done, ms = await asyncio.wrap_future(self.engine.reload(self._plan(smaller)))
+            planned_for, reloaded, pause_ms = smaller, reloaded or done, pause_ms + ms
+        return reloaded, pause_ms
+
     def _stop_auto(self) -> None:
         if self._auto_task is not None:
             self._auto_task.cancel()
@@ -105,6 +144,9 @@ class BudgetControl:
             config = self._plan(budget)
             started = time.perf_counter()
             reloaded, pause_ms = await asyncio.wrap_future(self.engine.reload(config))
+            if reloaded:
+                _, extra_ms = await self._fit_to_measured(budget)
+                pause_ms += extra_ms
             self.budget = budget
             log.info(
                 "budget in force",

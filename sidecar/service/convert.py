@@ -202,6 +202,7 @@ def status_to_pb(
             model_vram_bytes=sum(n for b, n in snap.load_report.model_bytes.items() if is_vram(b)),
             vram_used_bytes=snap.load_report.vram_bytes(),
             kv_cache_bytes=snap.kv_cache_bytes,
+            planned_vram_bytes=c.planned_vram_bytes,
         ),
         throughput=pb.Throughput(
             tokens_generated=t.tokens_generated,

@@ -360,18 +360,20 @@ class ModelInfo(_message.Message):
     def __init__(self, path: _Optional[str] = ..., name: _Optional[str] = ..., architecture: _Optional[str] = ..., parameters: _Optional[int] = ..., file_bytes: _Optional[int] = ..., trained_context: _Optional[int] = ..., layers: _Optional[int] = ..., experts: _Optional[int] = ..., chat_template: _Optional[str] = ..., vision_available: _Optional[bool] = ..., projector_path: _Optional[str] = ...) -> None: ...
 
 class MemoryUse(_message.Message):
-    __slots__ = ("host_resident_bytes", "vram_used_bytes", "model_host_bytes", "model_vram_bytes", "kv_cache_bytes")
+    __slots__ = ("host_resident_bytes", "vram_used_bytes", "model_host_bytes", "model_vram_bytes", "kv_cache_bytes", "planned_vram_bytes")
     HOST_RESIDENT_BYTES_FIELD_NUMBER: _ClassVar[int]
     VRAM_USED_BYTES_FIELD_NUMBER: _ClassVar[int]
     MODEL_HOST_BYTES_FIELD_NUMBER: _ClassVar[int]
     MODEL_VRAM_BYTES_FIELD_NUMBER: _ClassVar[int]
     KV_CACHE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PLANNED_VRAM_BYTES_FIELD_NUMBER: _ClassVar[int]
     host_resident_bytes: int
     vram_used_bytes: int
     model_host_bytes: int
     model_vram_bytes: int
     kv_cache_bytes: int
-    def __init__(self, host_resident_bytes: _Optional[int] = ..., vram_used_bytes: _Optional[int] = ..., model_host_bytes: _Optional[int] = ..., model_vram_bytes: _Optional[int] = ..., kv_cache_bytes: _Optional[int] = ...) -> None: ...
+    planned_vram_bytes: int
+    def __init__(self, host_resident_bytes: _Optional[int] = ..., vram_used_bytes: _Optional[int] = ..., model_host_bytes: _Optional[int] = ..., model_vram_bytes: _Optional[int] = ..., kv_cache_bytes: _Optional[int] = ..., planned_vram_bytes: _Optional[int] = ...) -> None: ...
 
 class Throughput(_message.Message):
     __slots__ = ("tokens_generated", "prompt_tokens_processed", "decode_tokens_per_s", "prefill_tokens_per_s", "requests_served", "requests_active", "requests_queued")
