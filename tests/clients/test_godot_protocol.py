@@ -22,7 +22,7 @@ from websockets.sync.client import ClientConnection, connect
 
 from conftest import REPO, RunningDaemon, start_daemon, stop_daemon
 from sidecar.api import pb
-from sidecar.service import json_frames
+from sidecar.service import json_frames, websocket_bridge
 from sidecar.testmodels import write_models
 
 ADDON = REPO / "clients" / "godot" / "addons" / "xlm_sidecar"
@@ -162,6 +162,12 @@ def test_fixture_steps_name_real_client_methods_and_options() -> None:
             assert step["do"] in methods, f"{fixture}: the client has no method {step['do']}"
             unknown = set(step["args"].get("options", {})) - options
             assert not unknown, f"{fixture}: XlmAskOptions has no {sorted(unknown)}"
+
+
+def test_the_close_code_of_a_refused_token_is_the_bridges() -> None:
+    declared = re.search(r"^const CLOSE_UNAUTHENTICATED := (\d+)$", PROTOCOL_GD.read_text(encoding="utf-8"), flags=re.M)
+    assert declared is not None and int(declared.group(1)) == websocket_bridge.CLOSE_UNAUTHENTICATED
+    assert load("auth_refused.json")["steps"][0]["await"]["close_code"] == websocket_bridge.CLOSE_UNAUTHENTICATED
 
 
 def test_call_ids_count_up_from_the_status_call_as_the_client_numbers_them() -> None:
@@ -345,9 +351,10 @@ def check_await(reader: FrameReader, wait: dict) -> None:
         assert frame["error"]["code"] == wait["error_code"], frame
     for dotted in wait.get("positive", []):
         assert _path(checked, dotted) > 0, f"{dotted} should be positive in {checked}"
-    if wait.get("closes"):
-        with pytest.raises(ConnectionClosed):
+    if "close_code" in wait:
+        with pytest.raises(ConnectionClosed) as closed:
             reader.ws.recv(timeout=10)
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == wait["close_code"]
 
 
 def replay(daemon: RunningDaemon, fixture: dict) -> None:

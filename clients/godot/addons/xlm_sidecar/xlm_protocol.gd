@@ -20,6 +20,8 @@ const KEY_ERROR := "error"
 const KEY_CODE := "code"
 const KEY_MESSAGE := "message"
 const AUTH_OK := "ok"
+## The bridge closes a connection whose token it refuses with this code (policy violation).
+const CLOSE_UNAUTHENTICATED := 1008
 
 # RPCs of xlm.v1.Sidecar the addon calls.
 const METHOD_GENERATE := "Generate"
@@ -195,7 +197,8 @@ static func _add_common(request: Dictionary, session_id: String, options: AskOpt
 static func read_int64(message: Dictionary, field: String) -> int:
 	var value: Variant = message.get(field, 0)
 	if value is String:
-		return (value as String).to_int()
+		var digits: String = value
+		return digits.to_int()
 	return read_int(message, field)
 
 

@@ -169,6 +169,13 @@ func is_ready() -> bool:
 	return state == State.READY
 
 
+## The process id of the daemon this node launched, or -1.
+func daemon_pid() -> int:
+	if _daemon == null:
+		return -1
+	return _daemon.pid
+
+
 ## Asks the model. With a session id (one per NPC) the daemon keeps the conversation, so later
 ## turns send only the new line; options.system_prompt (the NPC's persona) goes with a session's
 ## first turn only.
@@ -330,6 +337,13 @@ func _on_socket_closed() -> void:
 	var daemon_alive := _daemon == null or _daemon.is_running()
 	if state == State.CONNECTING and daemon_alive and Time.get_ticks_msec() < _deadline_ms:
 		_retry_at_ms = Time.get_ticks_msec() + RETRY_INTERVAL_MS
+		return
+	# WebSocketPeer drops frames that arrive together with the close, so a refused token may be
+	# known only by the close code.
+	if close_code == Protocol.CLOSE_UNAUTHENTICATED:
+		_drop_connection(
+			Protocol.STATUS_UNAUTHENTICATED, "the daemon refused the token (%s)" % close_reason
+		)
 		return
 	_drop_connection(
 		Protocol.STATUS_UNAVAILABLE,

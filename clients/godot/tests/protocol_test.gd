@@ -1,0 +1,357 @@
+extends Node
+## The addon's headless test; tests/clients/test_godot_headless.py runs it with `godot --headless`.
+##
+## Replays every protocol fixture through the real XlmSidecarClient against a live daemon: the
+## frames it sends must be exactly the fixture's, each call must end as the fixture says, and the
+## client must read the replies (finish reason, token counts, status). Then it launches a daemon of
+## its own, talks to it and stops it. Prints a line per check; quits with 0 when all passed.
+
+const Client := preload("res://addons/xlm_sidecar/xlm_sidecar_client.gd")
+const Call := preload("res://addons/xlm_sidecar/xlm_call.gd")
+const AskOptions := preload("res://addons/xlm_sidecar/xlm_ask_options.gd")
+const Protocol := preload("res://addons/xlm_sidecar/xlm_protocol.gd")
+const FIXTURES := "res://addons/xlm_sidecar/protocol_fixtures/"
+const TOKEN_PLACEHOLDER := "$TOKEN"
+const TOKEN_ENV := "XLM_SIDECAR_TOKEN"
+const STEP_TIMEOUT_MS := 60000
+const WHOLE_TIMEOUT_S := 270.0
+
+var _failures := PackedStringArray()
+var _shapes := {}
+
+
+func _ready() -> void:
+	get_tree().create_timer(WHOLE_TIMEOUT_S).timeout.connect(_on_timeout)
+	_shapes = _load_json(FIXTURES + "shapes.json")
+	var prelude := _load_json(FIXTURES + "connect.json")
+	var url := OS.get_environment("XLM_TEST_WS_URL")
+	var token := OS.get_environment("XLM_TEST_TOKEN")
+	var vision := OS.get_environment("XLM_TEST_VISION") == "1"
+	for file_name in _fixture_files():
+		await _run_fixture(file_name, prelude, url, token, vision)
+	if not OS.get_environment("XLM_TEST_DAEMON_EXE").is_empty():
+		await _run_launch()
+	if _failures.is_empty():
+		print("ALL PASSED")
+		get_tree().quit(0)
+	else:
+		print("FAILED: %d check(s)" % _failures.size())
+		get_tree().quit(1)
+
+
+func _on_timeout() -> void:
+	print("FAIL the whole test took over %.0f s" % WHOLE_TIMEOUT_S)
+	get_tree().quit(1)
+
+
+func _fixture_files() -> PackedStringArray:
+	var names := PackedStringArray()
+	for file_name in DirAccess.get_files_at(FIXTURES):
+		if file_name.ends_with(".json") and not (file_name in ["shapes.json", "connect.json"]):
+			names.append(file_name)
+	names.sort()
+	return names
+
+
+func _run_fixture(
+	file_name: String, prelude: Dictionary, url: String, daemon_token: String, vision: bool
+) -> void:
+	var fixture := _load_json(FIXTURES + file_name)
+	var token: String = fixture.get("token", daemon_token)
+	var steps: Array = []
+	if fixture.get("prelude", true):
+		steps.append_array(prelude["steps"])
+	steps.append_array(fixture["steps"])
+	# Without a vision projector the image question fails, but its frame must still be right.
+	var lax: bool = fixture.get("needs", "") == "vision" and not vision
+	var client: Client = Client.new()
+	add_child(client)
+	var sent: Array = []
+	var events := {"connected": false, "disconnected": ""}
+	client.frame_sent.connect(func(frame: Dictionary) -> void: sent.append(_normalized(frame)))
+	client.connected.connect(func(_status: Dictionary) -> void: events["connected"] = true)
+	client.disconnected.connect(func(reason: String) -> void: events["disconnected"] = reason)
+	var calls := {}
+	var expected: Array = []
+	for step: Dictionary in steps:
+		for frame: Variant in step["sends"]:
+			expected.append(_normalized(_substitute(frame, token)))
+		var where := "%s %s" % [file_name, step["do"]]
+		var passed: bool = await _run_step(client, step, calls, events, url, token, lax, where)
+		if not passed:
+			break
+	_check(
+		file_name + ": the frames sent are the fixture's",
+		JSON.stringify(sent) == JSON.stringify(expected),
+		"\n  sent     %s\n  expected %s" % [JSON.stringify(sent), JSON.stringify(expected)]
+	)
+	client.disconnect_from_daemon()
+	client.queue_free()
+
+
+func _run_step(
+	client: Client,
+	step: Dictionary,
+	calls: Dictionary,
+	events: Dictionary,
+	url: String,
+	token: String,
+	lax: bool,
+	where: String
+) -> bool:
+	var args: Dictionary = step.get("args", {})
+	var call: Call = null
+	match step["do"]:
+		"connect":
+			client.connect_to_daemon(url, token)
+		"automatic":
+			pass
+		"ask":
+			call = client.ask(args["text"], args["session_id"], _options(args))
+		"ask_json":
+			call = client.ask_json(args["text"], args["schema"], args["session_id"], _options(args))
+		"ask_about_image":
+			var image := _image(args["image"])
+			call = client.ask_about_image(
+				image, args["question"], args["session_id"], _options(args)
+			)
+		"cancel":
+			client.cancel(args["call_id"])
+		"set_vram_budget":
+			call = client.set_vram_budget(args["vram_size"], int(args["max_cpu_threads"]))
+		"get_status":
+			call = client.get_status()
+		"end_session":
+			call = client.end_session(args["session_id"])
+		_:
+			return _check(where, false, "a step this test does not know")
+	if call != null:
+		calls[call.id] = call
+	return await _await(client, step["await"], calls, events, lax, where)
+
+
+func _await(
+	client: Client,
+	wait: Dictionary,
+	calls: Dictionary,
+	events: Dictionary,
+	lax: bool,
+	where: String
+) -> bool:
+	var deadline := Time.get_ticks_msec() + STEP_TIMEOUT_MS
+	if wait.has("frame"):
+		while client.state != Client.State.READY and events["disconnected"] == "":
+			if not await _tick(deadline):
+				break
+		return _check(where + ": authenticated", client.is_ready(), events["disconnected"])
+	var call_id: Variant = wait["id"]
+	if call_id == null:
+		while events["disconnected"] == "":
+			if not await _tick(deadline):
+				break
+		var reason: String = events["disconnected"]
+		return _check(where + ": refused", reason.begins_with(wait["error_code"]), reason)
+	if not calls.has(call_id):
+		# The client's own status call on connecting.
+		while not events["connected"] and events["disconnected"] == "":
+			if not await _tick(deadline):
+				break
+		var read := client.phase == Protocol.PHASE_READY and not client.model_name.is_empty()
+		var detail := "phase %s, model %s, %s" % [client.phase, client.model_name, events]
+		return _check(
+			where + ": connected and read the status", events["connected"] and read, detail
+		)
+	var call: Call = calls[call_id]
+	if wait.get("until", "") == "chunk":
+		while call.token_count == 0 and not call.done:
+			if not await _tick(deadline):
+				break
+		return _check(where + ": streaming", call.token_count > 0 or lax, _describe(call))
+	while not call.done:
+		if not await _tick(deadline):
+			break
+	if lax:
+		return _check(where + ": ended (no vision projector: outcome not checked)", call.done, "")
+	return _check_end(call, wait, where)
+
+
+func _check_end(call: Call, wait: Dictionary, where: String) -> bool:
+	if wait["terminal"] == "error":
+		var code: String = wait["error_code"]
+		return _check(where + ": failed with " + code, call.error_code == code, _describe(call))
+	if not _check(where + ": ended well", call.ok(), _describe(call)):
+		return false
+	var passed := true
+	if wait.has("final"):
+		var reasons: Array = _shapes["enums"]["FinishReason"]
+		passed = _check(where + ": finish reason", call.finish_reason() in reasons, _describe(call))
+		passed = (
+			_check(
+				where + ": token counts agree",
+				call.completion_tokens() == call.token_count,
+				_describe(call)
+			)
+			and passed
+		)
+	var message: Dictionary = call.final_message if wait.has("final") else call.result
+	for dotted: String in wait.get("positive", []):
+		var value: Variant = message
+		for part in dotted.split("."):
+			value = value.get(part, 0) if value is Dictionary else 0
+		passed = _check(where + ": %s > 0" % dotted, float(value) > 0.0, str(message)) and passed
+	return passed
+
+
+func _run_launch() -> void:
+	var client: Client = Client.new()
+	client.daemon_executable = OS.get_environment("XLM_TEST_DAEMON_EXE")
+	client.daemon_port = OS.get_environment("XLM_TEST_DAEMON_PORT").to_int()
+	var daemon_args: Array = JSON.parse_string(OS.get_environment("XLM_TEST_DAEMON_ARGS"))
+	client.daemon_args = PackedStringArray(daemon_args)
+	var events := {"connected": false, "disconnected": ""}
+	client.connected.connect(func(_status: Dictionary) -> void: events["connected"] = true)
+	client.disconnected.connect(func(reason: String) -> void: events["disconnected"] = reason)
+	add_child(client)
+	var err := client.launch_daemon()
+	if not _check("launch: started", err == OK, error_string(err)):
+		return
+	var pid := client.daemon_pid()
+	var deadline := Time.get_ticks_msec() + STEP_TIMEOUT_MS
+	while not events["connected"] and events["disconnected"] == "":
+		if not await _tick(deadline):
+			break
+	if _check("launch: connected with its token", events["connected"], str(events)):
+		_check_launch_arguments(pid)
+		var options := AskOptions.new()
+		options.max_tokens = 4
+		var call := client.ask("Hello!", "", options)
+		while not call.done:
+			if not await _tick(deadline):
+				break
+		_check("launch: the launched daemon answers", call.ok(), _describe(call))
+	client.stop_daemon()
+	_check("launch: stopped", not OS.is_process_running(pid), "pid %d still runs" % pid)
+	_check("launch: disconnected", client.state == Client.State.DISCONNECTED, str(client.state))
+	var leaked := OS.has_environment(TOKEN_ENV)
+	_check("launch: the token left the game's environment", not leaked, "")
+	client.queue_free()
+
+
+## On Linux: the daemon's command line carries the game's pid but not the token, which it got
+## through its environment.
+func _check_launch_arguments(pid: int) -> void:
+	var cmdline := _proc_strings("/proc/%d/cmdline" % pid)
+	if cmdline.is_empty():
+		print("skip launch: no /proc here to read the daemon's command line")
+		return
+	var at := cmdline.find("--parent-pid")
+	var given := ""
+	if at >= 0 and at + 1 < cmdline.size():
+		given = cmdline[at + 1]
+	_check("launch: --parent-pid is the game's", given == str(OS.get_process_id()), str(cmdline))
+	var token := ""
+	for entry in _proc_strings("/proc/%d/environ" % pid):
+		if entry.begins_with(TOKEN_ENV + "="):
+			token = entry.substr(TOKEN_ENV.length() + 1)
+	_check("launch: the daemon got a token in its environment", token.length() >= 16, token)
+	var joined := " ".join(cmdline)
+	_check("launch: the token is not on its command line", joined.find(token) < 0, joined)
+
+
+## A /proc file's NUL-separated strings. Such files report a length of 0, so they are read up to
+## a fixed size rather than by length.
+func _proc_strings(path: String) -> PackedStringArray:
+	var strings := PackedStringArray()
+	var file := FileAccess.open(path, FileAccess.READ)
+	if file == null:
+		return strings
+	var data := file.get_buffer(1 << 20)
+	file.close()
+	var current := PackedByteArray()
+	for byte in data:
+		if byte == 0:
+			strings.append(current.get_string_from_utf8())
+			current = PackedByteArray()
+		else:
+			current.append(byte)
+	return strings
+
+
+func _options(args: Dictionary) -> AskOptions:
+	var options := AskOptions.new()
+	var given: Dictionary = args.get("options", {})
+	for key: String in given:
+		var value: Variant = given[key]
+		var current: Variant = options.get(key)
+		if current is int:
+			value = int(value)
+		elif current is PackedStringArray:
+			var items: Array = value
+			value = PackedStringArray(items)
+		options.set(key, value)
+	return options
+
+
+func _image(spec: Dictionary) -> Image:
+	var pixels := Marshalls.base64_to_raw(spec["rgba_base64"])
+	var width := int(spec["width"])
+	var height := int(spec["height"])
+	return Image.create_from_data(width, height, false, Image.FORMAT_RGBA8, pixels)
+
+
+func _substitute(value: Variant, token: String) -> Variant:
+	if value is String and value == TOKEN_PLACEHOLDER:
+		return token
+	if value is Dictionary:
+		var copy := {}
+		for key: Variant in value:
+			copy[key] = _substitute(value[key], token)
+		return copy
+	if value is Array:
+		var items: Array = []
+		for item: Variant in value:
+			items.append(_substitute(item, token))
+		return items
+	return value
+
+
+## JSON turns every number into a float: both sides go through it before they are compared.
+func _normalized(value: Variant) -> Variant:
+	return JSON.parse_string(JSON.stringify(value))
+
+
+func _describe(call: Call) -> String:
+	return (
+		"%s %s: %s %s, finish %s, %d tokens (%d reported)"
+		% [
+			call.id,
+			call.method,
+			call.error_code,
+			call.error_message,
+			call.finish_reason(),
+			call.token_count,
+			call.completion_tokens()
+		]
+	)
+
+
+func _tick(deadline: int) -> bool:
+	await get_tree().process_frame
+	return Time.get_ticks_msec() < deadline
+
+
+func _check(label: String, passed: bool, detail: String) -> bool:
+	if passed:
+		print("ok   " + label)
+	else:
+		print("FAIL " + label + ": " + detail)
+		_failures.append(label)
+	return passed
+
+
+func _load_json(path: String) -> Dictionary:
+	var parsed: Variant = JSON.parse_string(FileAccess.get_file_as_string(path))
+	if parsed is Dictionary:
+		return parsed
+	_check("read " + path, false, "not a JSON object")
+	return {}
