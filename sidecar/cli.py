@@ -246,6 +246,8 @@ def _run_ask(args: argparse.Namespace) -> int:
 def _run_status(args: argparse.Namespace) -> int:
     from google.protobuf.json_format import MessageToDict
 
+    from sidecar.api import pb
+
     from sidecar.budget import format_size
 
     with _client(args) as client:
@@ -265,6 +267,13 @@ def _run_status(args: argparse.Namespace) -> int:
         f"work      {t.requests_served} requests, {t.tokens_generated} tokens generated, "
         f"{t.decode_tokens_per_s:.1f} tokens/s decode, {t.prefill_tokens_per_s:.1f} tokens/s prefill"
     )
+    tiers = status.schedule.tiers
+    if tiers:
+        first = tiers[0]
+        predicted = f", predicted {first.predicted_tokens_per_s:.0f} tokens/s" if first.predicted_tokens_per_s else ""
+        print(f"schedule  one-token passes: {pb.Placement.Name(first.placement).removeprefix('PLACEMENT_').lower()}, "
+              f"{first.threads} threads{predicted}; {len(tiers)} tiers; VRAM planned "
+              f"{format_size(status.memory.planned_vram_bytes)}, used {format_size(status.memory.vram_used_bytes)}")
     v = status.vision
     if v.available:
         print(

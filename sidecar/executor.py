@@ -171,6 +171,7 @@ def config_from_schedule(base: EngineConfig, schedule, threads_flag: int = 0) ->
         op_offload=schedule.op_offload,
         kv_on_gpu=schedule.kv_on_gpu,
         planned_vram_bytes=schedule.vram_bytes if gpu != "CPU" else 0,
+        schedule=schedule,
     )
 
 

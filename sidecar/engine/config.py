@@ -46,6 +46,9 @@ class EngineConfig:
     # VRAM the planner expects this placement to take (0 without a plan): checked after loading
     # against what llama.cpp really allocated.
     planned_vram_bytes: int = 0
+    # The planner's Schedule this configuration came from (None without a plan): status shows
+    # its predictions per tier next to what the engine measures.
+    schedule: object | None = field(default=None, compare=False)
     # The vision encoder (--mmproj), placed by the vision plan; None serves text only.
     vision: EncoderSettings | None = None
 

@@ -580,7 +580,8 @@ class Engine:
             self._ctx.restore(seq, state)
 
 
-_THREAD_FIELDS = {"threads_decode", "threads_prefill", "tier_threads"}
+# Read per pass (threads) or only reported (the schedule's predictions): changing them needs no reload.
+_THREAD_FIELDS = {"threads_decode", "threads_prefill", "tier_threads", "schedule"}
 
 
 def _same_placement(a: EngineConfig, b: EngineConfig) -> bool:

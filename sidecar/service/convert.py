@@ -257,8 +257,39 @@ def vision_status_to_pb(snap: EngineSnapshot) -> pb.VisionStatus:
     )
 
 
+_PLACEMENT = {
+    "FULL_GPU": pb.PLACEMENT_FULL_GPU,
+    "STATIC": pb.PLACEMENT_STATIC,
+    "DYNAMIC": pb.PLACEMENT_DYNAMIC,
+    "GPU_STREAMING": pb.PLACEMENT_GPU_STREAMING,
+    "CPU_ONLY": pb.PLACEMENT_CPU_ONLY,
+}
+
+
 def schedule_to_pb(c: EngineConfig) -> pb.Schedule:
-    """The schedule in force, as the engine runs it: threads per token tier and placement."""
+    """The schedule in force: the planner's tiers with their predictions when there is a plan,
+    else threads per token tier as the engine runs them."""
+    s = c.schedule
+    if s is not None:
+        return pb.Schedule(
+            tiers=[
+                pb.TierPlan(
+                    max_tokens=t.max_tokens,
+                    phase=pb.TIER_PHASE_DECODE if t.phase == "decode" else pb.TIER_PHASE_PREFILL,
+                    placement=_PLACEMENT.get(t.placement, pb.PLACEMENT_UNSPECIFIED),
+                    threads=min(t.threads, dict(c.tier_threads).get(t.max_tokens, t.threads)),
+                    predicted_tokens_per_s=t.predicted_tokens_per_s,
+                    predicted_ms_per_pass=t.predicted_ms_per_pass,
+                )
+                for t in s.tiers
+            ],
+            vram_bytes_by_component=dict(s.vram_bytes_by_component),
+            kv_type=s.kv_type.lower(),
+            flash_attention=bool(c.flash_attention),
+            micro_batch=c.n_ubatch,
+            op_offload_min_batch=s.op_offload_min_batch if s.op_offload else 0,
+            tensor_overrides=[f"{pattern}={device}" for pattern, device in c.tensor_overrides],
+        )
     placement = pb.PLACEMENT_CPU_ONLY if c.n_gpu_layers == 0 and not c.tensor_overrides else pb.PLACEMENT_STATIC
     tiers = [
         pb.TierPlan(
