@@ -37,6 +37,8 @@ const CALL_ID_PREFIX := "xlm-"
 ## A daemon that was just launched refuses connections until it listens: try again this often.
 const RETRY_INTERVAL_MS := 250
 const DAEMON_CHECK_INTERVAL_MS := 500
+## A cancelled call the daemon has not ended by then is ended here, so `finished` always fires.
+const CANCEL_CONFIRM_MS := 2000
 ## Room for a screenshot of max_image_side pixels in base64 (WebSocketPeer's default is 64 KiB).
 const OUTBOUND_BUFFER_BYTES := 16 << 20
 const INBOUND_BUFFER_BYTES := 1 << 20
@@ -75,6 +77,7 @@ var _daemon: Daemon = null
 var _deadline_ms := 0
 var _retry_at_ms := 0
 var _daemon_check_at_ms := 0
+var _cancel_deadlines := {}
 var _max_frame_bytes := 0
 
 
@@ -89,6 +92,8 @@ func _process(_delta: float) -> void:
 		_daemon_check_at_ms = now + DAEMON_CHECK_INTERVAL_MS
 		if not _daemon.is_running():
 			_on_daemon_exited()
+	if not _cancel_deadlines.is_empty():
+		_end_unconfirmed_cancels(now)
 	if state != State.READY and state != State.DISCONNECTED and now > _deadline_ms:
 		_drop_connection(
 			Protocol.STATUS_UNAVAILABLE,
@@ -104,7 +109,8 @@ func _process(_delta: float) -> void:
 	if socket_state == WebSocketPeer.STATE_OPEN and state == State.CONNECTING:
 		state = State.AUTHENTICATING
 		_send_frame(Protocol.auth_frame(_token))
-	# Frames that arrived before a close are still read: a refused token comes as one.
+	# Once the socket is closing WebSocketPeer hands out no more frames: _on_socket_closed reads
+	# what the close code says instead.
 	while _socket != null and _socket.get_available_packet_count() > 0:
 		_on_frame_text(_socket.get_packet().get_string_from_utf8())
 	if _socket != null and socket_state == WebSocketPeer.STATE_CLOSED:
@@ -240,6 +246,7 @@ func cancel(call_id: String) -> void:
 		_fail_later(call, Protocol.STATUS_CANCELLED, "cancelled before it was sent")
 		return
 	_send_frame(Protocol.cancel_frame(call_id))
+	_cancel_deadlines[call_id] = Time.get_ticks_msec() + CANCEL_CONFIRM_MS
 
 
 ## Forgets an NPC's conversation and frees its memory in the daemon.
@@ -367,6 +374,7 @@ func _drop_connection(code: String, message: String) -> void:
 	var calls := _calls.values()
 	_calls.clear()
 	_unsent.clear()
+	_cancel_deadlines.clear()
 	_status_call = null
 	for call: Call in calls:
 		_fail(call, code, message)
@@ -407,9 +415,10 @@ func _on_frame_text(text: String) -> void:
 			_drop_connection(code, "reading the daemon's status failed: " + message)
 
 
-## A frame tied to no call of ours: while authenticating, an error is the refused token.
+## A frame tied to no call in flight: while authenticating, an error is the refused token; frames
+## of a call already ended here (an unconfirmed cancel) are dropped.
 func _on_stray_frame(frame: Dictionary) -> void:
-	if not frame.has(Protocol.KEY_ERROR):
+	if not frame.has(Protocol.KEY_ERROR) or frame.get(Protocol.KEY_ID) != null:
 		return
 	var error := Protocol.read_dict(frame, Protocol.KEY_ERROR)
 	var code := Protocol.read_string(error, Protocol.KEY_CODE)
@@ -462,6 +471,17 @@ func _on_result(call: Call, result: Dictionary) -> void:
 	elif call.method == Protocol.METHOD_END_SESSION:
 		_sessions_begun.erase(call.session_id)
 		session_ended.emit(call.session_id, Protocol.read_int(result, Protocol.FIELD_TOKENS_FREED))
+
+
+func _end_unconfirmed_cancels(now: int) -> void:
+	for call_id: String in _cancel_deadlines.keys():
+		if now < _cancel_deadlines[call_id]:
+			continue
+		_cancel_deadlines.erase(call_id)
+		var call: Call = _calls.get(call_id)
+		if call != null:
+			_calls.erase(call_id)
+			_fail(call, Protocol.STATUS_CANCELLED, "cancelled (the daemon did not confirm it)")
 
 
 func _apply_status(status: Dictionary) -> void:
