@@ -25,6 +25,32 @@ def configure_logging(fmt: str = "auto", level: str = "info") -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(_LEVELS[level]),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(file=_StderrOrNothing()),
         cache_logger_on_first_use=False,
     )
+
+
+class _StderrOrNothing:
+    """stderr that goes quiet once its reader is gone. A game reads our log through a pipe; when the
+    game dies the pipe breaks, and a log call that raised BrokenPipeError there would abort whatever
+    was logging, such as the --parent-pid watch that is about to stop the daemon."""
+
+    def __init__(self) -> None:
+        self._broken = False
+
+    def write(self, text: str) -> int:
+        if self._broken:
+            return len(text)
+        try:
+            return sys.stderr.write(text)
+        except (BrokenPipeError, ValueError):  # ValueError: stderr already closed
+            self._broken = True
+            return len(text)
+
+    def flush(self) -> None:
+        if self._broken:
+            return
+        try:
+            sys.stderr.flush()
+        except (BrokenPipeError, ValueError):
+            self._broken = True
