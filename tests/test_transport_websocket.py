@@ -214,6 +214,16 @@ def test_cancel_frame_ends_the_call_and_frees_its_sequence(bridge: BridgeClient)
     assert "result" in bridge.call("GetStatus", call_id="after")[-1]
 
 
+def test_a_cancel_right_behind_its_call_still_ends_it_and_frees_the_id(bridge: BridgeClient) -> None:
+    # Both frames arrive in one read: the call's task is cancelled before it ever ran.
+    for attempt in range(5):
+        bridge.send({"id": f"quick{attempt}", "method": "Generate", "request": {**COUNTING, "maxTokens": 500}})
+        bridge.send({"id": f"quick{attempt}", "cancel": True})
+        assert list(bridge.frames_of(f"quick{attempt}", timeout=10))[-1]["error"]["code"] == "CANCELLED"
+    # The ids are free again: reusing one starts a new call.
+    assert "end" in bridge.call("Generate", {**COUNTING, "maxTokens": 2}, call_id="quick0")[-1]
+
+
 def test_timeout_ms_ends_a_call_with_deadline_exceeded(bridge: BridgeClient) -> None:
     frames = bridge.call("Generate", {**COUNTING, "maxTokens": 500}, call_id="t", timeoutMs=300)
     assert frames[-1]["error"]["code"] == "DEADLINE_EXCEEDED"
@@ -239,7 +249,8 @@ def test_a_client_that_reads_late_still_gets_every_frame_in_order(bridge: Bridge
 
 def test_a_frame_over_the_size_limit_closes_only_that_connection(bridge_daemon: RunningDaemon) -> None:
     with BridgeClient(bridge_daemon.ws_address, bridge_daemon.token) as big:
-        big.send(json.dumps({"id": "big", "method": "Generate", "request": {"prompt": "x" * (16 << 20)}}))
+        # Above the frame limit: the largest image (32 MiB) in base64 plus room for the rest.
+        big.send(json.dumps({"id": "big", "method": "Generate", "request": {"prompt": "x" * (48 << 20)}}))
         with pytest.raises(ConnectionClosed) as closed:
             big.recv()
         assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009  # message too big

@@ -194,7 +194,22 @@ class _Connection:
         elif len(self.calls) >= MAX_CALLS_PER_CONNECTION:
             await self._send_error(frame.call_id, ResourceExhausted(f"at most {MAX_CALLS_PER_CONNECTION} calls at once per connection"))
         else:
-            self.calls[key] = asyncio.create_task(self._run_call(frame), name=f"ws-call-{frame.call.name}")
+            task = asyncio.create_task(self._run_call(frame), name=f"ws-call-{frame.call.name}")
+            self.calls[key] = task
+            task.add_done_callback(lambda t, call_id=frame.call_id: self._ended(t, call_id))
+
+    def _ended(self, task: asyncio.Task, call_id: frames.CallId) -> None:
+        """A call cancelled before its task first ran never enters _run_call, so its `finally`
+        does not run: end it here, or the client waits forever and its id stays taken."""
+        key = frames.call_key(call_id)
+        if self.calls.get(key) is not task:
+            return  # _run_call cleaned up
+        del self.calls[key]
+        if key in self._cancelled_by_client and not self._closing:
+            asyncio.get_running_loop().create_task(
+                self.outbox.put(frames.error_frame(call_id, "CANCELLED", "cancelled by the client"))
+            )
+        self._cancelled_by_client.discard(key)
 
     def _cancel(self, call_id: frames.CallId) -> None:
         """Cancel a call in flight; a cancel for a call that already ended is ignored (it crossed
