@@ -1,0 +1,158 @@
+using System;
+using System.Collections.Generic;
+using System.Threading;
+using System.Threading.Tasks;
+
+namespace Xlm.Sidecar
+{
+    /// <summary>
+    /// One NPC's conversation: a daemon session (its KV cache stays between turns, so a turn only
+    /// computes the new line), the NPC's system prompt sent once, and one turn at a time.
+    /// </summary>
+    public sealed class NpcConversation
+    {
+        readonly SidecarClient client;
+        int replying;
+        bool started;
+        bool attempted;
+        bool resetNext;
+
+        /// <param name="npcId">The session id: unique per NPC, and stable while the NPC should remember.</param>
+        public NpcConversation(SidecarClient client, string npcId, string systemPrompt = null)
+        {
+            if (client == null)
+                throw new ArgumentNullException("client");
+            if (string.IsNullOrEmpty(npcId))
+                throw new ArgumentException("each NPC needs its own id (the daemon's session id)", "npcId");
+            this.client = client;
+            NpcId = npcId;
+            SystemPrompt = systemPrompt;
+            MaxTokens = 200;
+        }
+
+        public string NpcId { get; private set; }
+        /// <summary>Sent with the first turn (and after Reset); the daemon keeps it in the session.</summary>
+        public string SystemPrompt { get; set; }
+        public SamplingParams Sampling { get; set; }
+        public uint MaxTokens { get; set; }
+        public List<string> Stop { get; set; }
+        public bool IsReplying { get { return Volatile.Read(ref replying) != 0; } }
+
+        /// <summary>The player says `line`; `onText` gets the reply piece by piece (on the client's
+        /// event context). Cancel with `cancellationToken` (OperationCanceledException). Throws
+        /// InvalidOperationException while the NPC is still answering an earlier line.</summary>
+        public Task<GenerationResult> SayAsync(string line, Action<string> onText = null,
+            CancellationToken cancellationToken = default(CancellationToken))
+        {
+            return TurnAsync(line, null, onText, cancellationToken);
+        }
+
+        /// <summary>A structured action: the reply is JSON that validates against `jsonSchema`, parsed.
+        /// FormatException when the reply is not whole JSON (e.g. cut by MaxTokens).</summary>
+        public async Task<NpcAction> ActAsync(string situation, string jsonSchema,
+            CancellationToken cancellationToken = default(CancellationToken))
+        {
+            if (string.IsNullOrEmpty(jsonSchema))
+                throw new ArgumentException("a JSON schema is needed for a structured action", "jsonSchema");
+            var result = await TurnAsync(situation, jsonSchema, null, cancellationToken).ConfigureAwait(false);
+            object value;
+            try
+            {
+                value = Json.Parse(result.Text);
+            }
+            catch (FormatException e)
+            {
+                var hint = result.FinishReason == FinishReason.Length ? " (cut at MaxTokens " + MaxTokens + ": raise it)" : "";
+                throw new FormatException("NPC '" + NpcId + "' did not answer with whole JSON" + hint + ": " + e.Message, e);
+            }
+            return new NpcAction { Json = result.Text, Value = value, Result = result };
+        }
+
+        /// <summary>Forget the conversation: the next turn starts over with the system prompt.</summary>
+        public void Reset()
+        {
+            resetNext = true;
+        }
+
+        /// <summary>Free the NPC's session on the daemon (an NPC that was never spoken to has none).</summary>
+        public async Task EndAsync(CancellationToken cancellationToken = default(CancellationToken))
+        {
+            if (!attempted)
+                return;
+            started = false;
+            attempted = false;
+            resetNext = false;
+            try
+            {
+                await client.EndSessionAsync(NpcId, cancellationToken).ConfigureAwait(false);
+            }
+            catch (SidecarException e)
+            {
+                // Already gone (evicted past --max-sessions, or the daemon restarted): nothing to free.
+                if (e.Code != SidecarStatusCode.NotFound)
+                    throw;
+            }
+        }
+
+        async Task<GenerationResult> TurnAsync(string line, string jsonSchema, Action<string> onText, CancellationToken ct)
+        {
+            if (line == null)
+                throw new ArgumentNullException("line");
+            if (Interlocked.Exchange(ref replying, 1) != 0)
+                throw new InvalidOperationException("NPC '" + NpcId + "' is still answering: wait for that turn or cancel it first");
+            try
+            {
+                var fresh = !started || resetNext;
+                var messages = new List<ChatMessage>();
+                if (fresh && !string.IsNullOrEmpty(SystemPrompt))
+                    messages.Add(ChatMessage.System(SystemPrompt));
+                messages.Add(ChatMessage.User(line));
+                var request = new GenerateRequest
+                {
+                    Messages = messages,
+                    SessionId = NpcId,
+                    ResetSession = resetNext,
+                    Sampling = Sampling,
+                    MaxTokens = MaxTokens,
+                    Stop = Stop,
+                    JsonSchema = jsonSchema,
+                };
+                Action<GenerateChunk> onChunk = null;
+                if (onText != null)
+                    onChunk = chunk => { if (chunk.Text.Length > 0) onText(chunk.Text); };
+                attempted = true;
+                GenerationResult result;
+                try
+                {
+                    result = await client.GenerateAsync(request, onChunk, ct).ConfigureAwait(false);
+                }
+                catch (Exception)
+                {
+                    // A first turn that did not finish may still have left the system prompt in the
+                    // session: start the next one over rather than send the system prompt twice.
+                    if (fresh)
+                        resetNext = true;
+                    throw;
+                }
+                started = true;
+                resetNext = false;
+                return result;
+            }
+            finally
+            {
+                Volatile.Write(ref replying, 0);
+            }
+        }
+    }
+
+    /// <summary>A structured NPC action: the JSON text and its parsed value (JsonObject, list, ...).</summary>
+    public sealed class NpcAction
+    {
+        public string Json;
+        public object Value;
+        public GenerationResult Result;
+
+        /// <summary>The value as an object, or null when the schema asked for something else.</summary>
+        public JsonObject Object { get { return Value as JsonObject; } }
+    }
+}

@@ -1,0 +1,169 @@
+using System.Collections.Generic;
+
+namespace Xlm.Sidecar
+{
+    // What Generate and AskImage stream back, read from protobuf's JSON mapping.
+
+    public enum FinishReason
+    {
+        Unspecified = 0,
+        /// <summary>The model ended its reply.</summary>
+        Stop = 1,
+        /// <summary>MaxTokens reached.</summary>
+        Length = 2,
+        /// <summary>One of the request's stop strings appeared.</summary>
+        StopString = 3,
+        /// <summary>The client cancelled, or the daemon is shutting down.</summary>
+        Cancelled = 4,
+        /// <summary>The session's context is full.</summary>
+        ContextFull = 5,
+    }
+
+    public sealed class Usage
+    {
+        /// <summary>Prompt tokens of this call, including those reused from the session's cache.</summary>
+        public uint PromptTokens;
+        /// <summary>Of PromptTokens, how many were already cached and not computed again.</summary>
+        public uint CachedPromptTokens;
+        public uint CompletionTokens;
+
+        internal static Usage FromJson(JsonObject json)
+        {
+            json = json ?? new JsonObject();
+            return new Usage
+            {
+                PromptTokens = json.GetUInt32("promptTokens"),
+                CachedPromptTokens = json.GetUInt32("cachedPromptTokens"),
+                CompletionTokens = json.GetUInt32("completionTokens"),
+            };
+        }
+    }
+
+    public sealed class Timings
+    {
+        public double TimeToFirstTokenMs;
+        public double PrefillTokensPerS;
+        /// <summary>Generated tokens per second, first token excluded.</summary>
+        public double DecodeTokensPerS;
+        public double TotalMs;
+        public double QueuedMs;
+
+        internal static Timings FromJson(JsonObject json)
+        {
+            json = json ?? new JsonObject();
+            return new Timings
+            {
+                TimeToFirstTokenMs = json.GetDouble("timeToFirstTokenMs"),
+                PrefillTokensPerS = json.GetDouble("prefillTokensPerS"),
+                DecodeTokensPerS = json.GetDouble("decodeTokensPerS"),
+                TotalMs = json.GetDouble("totalMs"),
+                QueuedMs = json.GetDouble("queuedMs"),
+            };
+        }
+    }
+
+    /// <summary>What was done to an image before the model saw it.</summary>
+    public sealed class ImageInfo
+    {
+        public uint OriginalWidth;
+        public uint OriginalHeight;
+        public uint EncodedWidth;
+        public uint EncodedHeight;
+        /// <summary>True when the VRAM budget forced a smaller image than the projector's best.</summary>
+        public bool Downscaled;
+        public uint ImageTokens;
+        public double EncodeMs;
+
+        internal static ImageInfo FromJson(JsonObject json)
+        {
+            if (json == null)
+                return null;
+            return new ImageInfo
+            {
+                OriginalWidth = json.GetUInt32("originalWidth"),
+                OriginalHeight = json.GetUInt32("originalHeight"),
+                EncodedWidth = json.GetUInt32("encodedWidth"),
+                EncodedHeight = json.GetUInt32("encodedHeight"),
+                Downscaled = json.GetBool("downscaled"),
+                ImageTokens = json.GetUInt32("imageTokens"),
+                EncodeMs = json.GetDouble("encodeMs"),
+            };
+        }
+    }
+
+    /// <summary>The last chunk's summary of a reply.</summary>
+    public sealed class GenerationFinal
+    {
+        public FinishReason FinishReason;
+        public Usage Usage;
+        public Timings Timings;
+        /// <summary>The session this turn belongs to; empty for one-off requests.</summary>
+        public string SessionId;
+        /// <summary>Set for AskImage.</summary>
+        public ImageInfo Image;
+
+        internal static GenerationFinal FromJson(JsonObject json)
+        {
+            if (json == null)
+                return null;
+            return new GenerationFinal
+            {
+                FinishReason = ParseFinishReason(json.GetString("finishReason")),
+                Usage = Usage.FromJson(json.GetObject("usage")),
+                Timings = Timings.FromJson(json.GetObject("timings")),
+                SessionId = json.GetString("sessionId"),
+                Image = ImageInfo.FromJson(json.GetObject("image")),
+            };
+        }
+
+        static FinishReason ParseFinishReason(string name)
+        {
+            switch (name)
+            {
+                case "FINISH_REASON_STOP": return FinishReason.Stop;
+                case "FINISH_REASON_LENGTH": return FinishReason.Length;
+                case "FINISH_REASON_STOP_STRING": return FinishReason.StopString;
+                case "FINISH_REASON_CANCELLED": return FinishReason.Cancelled;
+                case "FINISH_REASON_CONTEXT_FULL": return FinishReason.ContextFull;
+                default: return FinishReason.Unspecified;
+            }
+        }
+    }
+
+    /// <summary>One piece of a streamed reply.</summary>
+    public sealed class GenerateChunk
+    {
+        /// <summary>New text since the previous chunk; always whole UTF-8 characters.</summary>
+        public string Text;
+        public int[] TokenIds;
+        /// <summary>Present on the last chunk only.</summary>
+        public GenerationFinal Final;
+
+        internal static GenerateChunk FromJson(JsonObject json)
+        {
+            var ids = json.GetArray("tokenIds");
+            var tokenIds = new int[ids.Count];
+            for (var i = 0; i < ids.Count; i++)
+                tokenIds[i] = ids[i] is double ? (int)(double)ids[i] : 0;
+            return new GenerateChunk
+            {
+                Text = json.GetString("text"),
+                TokenIds = tokenIds,
+                Final = GenerationFinal.FromJson(json.GetObject("final")),
+            };
+        }
+    }
+
+    /// <summary>A whole reply: the text of every chunk and the final summary.</summary>
+    public sealed class GenerationResult
+    {
+        public string Text;
+        /// <summary>Null only when the stream ended without a final chunk (the daemon never does that).</summary>
+        public GenerationFinal Final;
+        public int Chunks;
+        public int Tokens;
+
+        public FinishReason FinishReason { get { return Final != null ? Final.FinishReason : FinishReason.Unspecified; } }
+        public Usage Usage { get { return Final != null ? Final.Usage : null; } }
+    }
+}

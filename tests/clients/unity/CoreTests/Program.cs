@@ -1,0 +1,16 @@
+namespace Xlm.Sidecar.Tests
+{
+    /// <summary>The client core's tests: JSON, the client against a live daemon, the launcher.</summary>
+    public static class Program
+    {
+        public static int Main(string[] args)
+        {
+            if (args.Length == 1 && args[0] == "--launch-and-crash")
+                return LauncherTests.LaunchAndCrash();
+            JsonTests.Register();
+            ClientTests.Register();
+            LauncherTests.Register();
+            return TestRunner.Run(args);
+        }
+    }
+}
