@@ -186,6 +186,11 @@ namespace Xlm.Sidecar.Tests
                     if (!MainThread.IsCurrent) offMainThread++;
                     events.Add(e);
                 }, stop.Token);
+                // The watch sees changes from its first event on; a change before it would only show in that event.
+                var clock = Stopwatch.StartNew();
+                while (events.Count == 0 && clock.Elapsed < TimeSpan.FromSeconds(10))
+                    await Task.Delay(10);
+                Check.True(events.Count > 0 && events[0].Reason == "initial" && events[0].Phase == EnginePhase.Ready, "WatchState starts with the state as it is");
 
                 var applied = await client.SetBudgetAsync(SetBudgetRequest.Vram("0", 1));
                 Check.Equal(0UL, applied.Budget.VramBytes, "VRAM budget in force");
@@ -194,10 +199,9 @@ namespace Xlm.Sidecar.Tests
                 var status = await client.GetStatusAsync();
                 Check.Equal(1u, status.Budget.MaxCpuThreads, "GetStatus shows the new cap");
 
-                var clock = Stopwatch.StartNew();
+                clock.Restart();
                 while (!events.Exists(e => e.Reason == "budget" && e.Budget.MaxCpuThreads == 1) && clock.Elapsed < TimeSpan.FromSeconds(10))
                     await Task.Delay(20);
-                Check.True(events.Count > 0 && events[0].Reason == "initial" && events[0].Phase == EnginePhase.Ready, "WatchState starts with the state as it is");
                 Check.True(events.Exists(e => e.Reason == "budget" && e.Budget.MaxCpuThreads == 1), "WatchState reported the budget change");
                 Check.Equal(0, offMainThread, "state events delivered off the main thread");
 

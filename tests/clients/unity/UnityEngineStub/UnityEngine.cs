@@ -74,6 +74,14 @@ namespace UnityEngine
             return component;
         }
 
+        public T GetComponent<T>() where T : Component
+        {
+            foreach (var c in components)
+                if (c is T)
+                    return (T)c;
+            return null;
+        }
+
         internal void DestroyComponents()
         {
             foreach (var c in components.ToArray())
@@ -84,6 +92,11 @@ namespace UnityEngine
     public class Component : Object
     {
         public GameObject gameObject { get; internal set; }
+
+        public T GetComponent<T>() where T : Component
+        {
+            return gameObject.GetComponent<T>();
+        }
 
         internal void Run(string message)
         {
@@ -145,6 +158,19 @@ namespace UnityEngine
 
     [AttributeUsage(AttributeTargets.Class)]
     public sealed class DisallowMultipleComponent : Attribute { }
+
+    [AttributeUsage(AttributeTargets.Class, AllowMultiple = true)]
+    public sealed class RequireComponent : Attribute
+    {
+        public RequireComponent(Type requiredComponent) { }
+    }
+
+    public enum KeyCode { Escape = 27, F2 = 283 }
+
+    public static class Input
+    {
+        public static bool GetKeyDown(KeyCode key) { return false; }
+    }
 
     [AttributeUsage(AttributeTargets.Class)]
     public sealed class AddComponentMenu : Attribute

@@ -1,0 +1,315 @@
+"""The Unity package (clients/unity): its C# built with mcs and run against a real daemon.
+
+The client core and its tests run on Mono, the runtime Unity itself embeds. The core is also built
+against the .NET Core 3.1 runtime from PyPI (dotnetcore2), and its offline tests run there; the live
+ones cannot, because that runtime needs OpenSSL 1.x for ClientWebSocket and this Debian has 3.
+The Unity components compile against a stand-in for the UnityEngine types they use
+(tests/clients/unity/UnityEngineStub), which also hosts them for a few live runs.
+
+The daemon serves the tiny random llama (and the tiny vision projector), so replies are byte
+garbage: the C# tests check structure and behaviour, never words. Each C# test runs in its own
+process and reports PASS/FAIL lines; a C# test missing from the lists here fails
+test_every_csharp_test_is_run.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import REPO, RunningDaemon, start_daemon, stop_daemon
+
+UNITY = REPO / "clients" / "unity"
+CSHARP_TESTS = REPO / "tests" / "clients" / "unity"
+REQUIRE_TOOLS = os.environ.get("XLM_REQUIRE_CLIENT_TOOLS") == "1"
+MCS = shutil.which("mcs")
+MONO = shutil.which("mono")
+SIDECAR_EXE = Path(sys.executable).with_name("xlm-sidecar")
+
+CORE_OFFLINE = [
+    "json_round_trips_text_numbers_and_nesting",
+    "json_refuses_what_is_not_json",
+    "requests_map_to_protobuf_json",
+    "budget_table_prefers_scene_then_quality",
+    "launcher_quotes_arguments_for_the_command_line",
+]
+CORE_LIVE = [
+    "streaming_arrives_in_chunks_on_the_main_thread",
+    "cancel_ends_the_call_and_frees_the_request",
+    "session_reuse_hits_the_kv_cache",
+    "npcs_reply_at_once_one_turn_each",
+    "json_schema_mode_returns_a_structured_action",
+    "budget_update_applies_and_is_watched",
+    "budget_updates_coalesce_to_the_newest",
+    "wrong_token_is_refused",
+    "errors_carry_status_codes",
+    "a_handler_that_throws_ends_the_call_with_its_exception",
+    "no_daemon_is_unavailable",
+]
+CORE_VISION = ["screenshot_question_about_raw_pixels"]
+CORE_LAUNCHER = [
+    "launcher_starts_a_healthy_daemon_and_stops_it",
+    "launcher_says_why_the_daemon_did_not_start",
+    "launcher_says_when_the_executable_is_missing",
+    "launcher_serves_a_unix_socket_with_the_bridge_beside_it",
+]
+COMPONENTS_LIVE = [
+    "npc_dialogue_streams_into_ui_text",
+    "npc_dialogue_cancel_and_a_new_line_cancels_the_old",
+    "vram_budget_follows_quality_and_scene",
+    "launcher_launches_and_stops_with_the_game_object",
+]
+
+
+def _missing(what: str) -> None:
+    """Skip where a tool is missing, except in CI (XLM_REQUIRE_CLIENT_TOOLS=1), where it is a failure."""
+    if REQUIRE_TOOLS:
+        pytest.fail(f"{what} (XLM_REQUIRE_CLIENT_TOOLS=1)")
+    pytest.skip(what)
+
+
+def _compile(*args: str) -> None:
+    result = subprocess.run([MCS, "-langversion:7.2", "-debug", "-warnaserror+", *args], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, f"mcs failed:\n{result.stdout}{result.stderr}"
+
+
+@dataclass
+class Build:
+    core: Path
+    core_tests: Path
+    unity_stub: Path
+    components: Path
+    component_tests: Path
+
+
+@pytest.fixture(scope="module")
+def build(tmp_path_factory: pytest.TempPathFactory) -> Build:
+    """Compile like Unity's assemblies: the core (Runtime/Core, no UnityEngine), the components
+    (Runtime/Unity) against the UnityEngine stand-in, and the two test programs."""
+    if not (MCS and MONO):
+        _missing("mcs and mono are not installed (apt-get install mono-mcs)")
+    out = tmp_path_factory.mktemp("unity-build")
+    system = ["-r:System.dll", "-r:System.Core.dll"]
+    b = Build(
+        out / "Xlm.Sidecar.Core.dll",
+        out / "Xlm.Sidecar.Tests.exe",
+        out / "UnityEngine.dll",
+        out / "Xlm.Sidecar.Unity.dll",
+        out / "Xlm.Sidecar.ComponentTests.exe",
+    )
+    _compile("-target:library", *system, f"-out:{b.core}", *_sources(UNITY / "Runtime" / "Core"))
+    _compile("-target:exe", *system, f"-r:{b.core}", f"-out:{b.core_tests}",
+             str(CSHARP_TESTS / "TestRunner.cs"), *_sources(CSHARP_TESTS / "CoreTests"))
+    _compile("-target:library", f"-out:{b.unity_stub}", *_sources(CSHARP_TESTS / "UnityEngineStub"))
+    _compile("-target:library", *system, f"-r:{b.core}", f"-r:{b.unity_stub}", f"-out:{b.components}",
+             *_sources(UNITY / "Runtime" / "Unity"))
+    _compile("-target:exe", *system, f"-r:{b.core}", f"-r:{b.unity_stub}", f"-r:{b.components}", f"-out:{b.component_tests}",
+             str(CSHARP_TESTS / "TestRunner.cs"), *_sources(CSHARP_TESTS / "ComponentTests"))
+    return b
+
+
+def _sources(folder: Path) -> list[str]:
+    files = sorted(str(p) for p in folder.glob("*.cs"))
+    assert files, f"no C# sources in {folder}"
+    return files
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    out = tmp_path_factory.mktemp("unity-models")
+    subprocess.run([sys.executable, "-m", "sidecar", "testmodels", "--out", str(out), "--which", "tiny_llama", "--which", "tiny_projector"],
+                   check=True, capture_output=True, timeout=120)
+    return {"llama": out / "tiny_llama.gguf", "projector": out / "tiny_projector.gguf"}
+
+
+def _serves_vision() -> bool:
+    """Whether this daemon has --mmproj (screenshot questions)."""
+    help_text = subprocess.run([sys.executable, "-m", "sidecar", "serve", "--help"], capture_output=True, text=True, timeout=60).stdout
+    return "--mmproj" in help_text
+
+
+VISION = _serves_vision()
+
+
+@pytest.fixture(scope="module")
+def daemon(build: Build, models: dict[str, Path]) -> Iterator[RunningDaemon]:
+    vision = ("--mmproj", str(models["projector"])) if VISION else ()
+    # One thread and no chunk batching: a small shared machine, and tests that count chunks.
+    running = start_daemon("--model", str(models["llama"]), *vision, "--threads", "1", "--stream-interval-ms", "0", "--profile", "off")
+    yield running
+    stop_daemon(running)
+
+
+def _env(daemon: RunningDaemon | None, models: dict[str, Path], tmp_path: Path) -> dict[str, str]:
+    env = {
+        **os.environ,
+        "XLM_TEST_SIDECAR_EXE": str(SIDECAR_EXE),
+        "XLM_TEST_MODEL": str(models["llama"]),
+        "XLM_TEST_TMP": str(tmp_path),
+        "XLM_TEST_VISION": "1" if VISION else "0",
+    }
+    env.pop("XLM_SIDECAR_TOKEN", None)  # the launcher must pass its own
+    if daemon is not None:
+        env.update(XLM_TEST_WS=daemon.ws_address, XLM_TEST_TOKEN=daemon.token)
+    return env
+
+
+def _run(exe: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run([MONO, "--debug", str(exe), *args], capture_output=True, text=True, env=env, timeout=timeout)
+
+
+def _assert_passed(result: subprocess.CompletedProcess, name: str) -> None:
+    report = f"exit {result.returncode}\n{result.stdout}\n{result.stderr}"
+    assert result.returncode == 0, report
+    assert f"PASS {name} " in result.stdout, report
+
+
+# -- the package ------------------------------------------------------------------------------------
+
+
+def test_package_manifest() -> None:
+    manifest = json.loads((UNITY / "package.json").read_text())
+    assert manifest["name"] == "com.xlm.sidecar"
+    assert manifest["unity"] == "2021.3"
+    for sample in manifest["samples"]:
+        assert (UNITY / sample["path"]).is_dir(), sample
+    assert (UNITY / "README.md").is_file()
+
+
+def test_every_package_asset_has_a_meta_file() -> None:
+    """Unity ignores a file without a .meta in a package from git (it cannot write one there)."""
+    spec = importlib.util.spec_from_file_location("unity_meta", CSHARP_TESTS / "unity_meta.py")
+    unity_meta = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(unity_meta)
+    assert unity_meta.problems() == [], "run: python tests/clients/unity/unity_meta.py"
+    guids = [line.split()[1] for meta in UNITY.rglob("*.meta") for line in meta.read_text().splitlines() if line.startswith("guid:")]
+    assert len(guids) == len(set(guids)) == len(unity_meta.assets())
+
+
+# -- building ---------------------------------------------------------------------------------------
+
+
+def test_core_has_no_unityengine_dependency(build: Build) -> None:
+    """The core compiled without UnityEngine (the build fixture); its assembly definition says so too."""
+    asmdef = json.loads((UNITY / "Runtime" / "Core" / "Xlm.Sidecar.Core.asmdef").read_text())
+    assert asmdef["name"] == "Xlm.Sidecar.Core" and asmdef["noEngineReferences"] is True
+    for source in (UNITY / "Runtime" / "Core").glob("*.cs"):
+        assert "UnityEngine" not in source.read_text(), source
+    assert build.core.is_file()
+
+
+def test_components_compile_against_the_unityengine_stub(build: Build) -> None:
+    asmdef = json.loads((UNITY / "Runtime" / "Unity" / "Xlm.Sidecar.Unity.asmdef").read_text())
+    assert asmdef["references"] == ["Xlm.Sidecar.Core"]
+    assert build.components.is_file()
+
+
+def test_samples_compile_against_the_unityengine_stub(build: Build, tmp_path: Path) -> None:
+    samples = sorted((UNITY / "Samples~").glob("*/*.cs"))
+    assert len(samples) >= 2
+    _compile("-target:library", "-r:System.dll", "-r:System.Core.dll", f"-r:{build.core}", f"-r:{build.unity_stub}",
+             f"-r:{build.components}", f"-out:{tmp_path / 'Samples.dll'}", *map(str, samples))
+
+
+def test_every_csharp_test_is_run(build: Build) -> None:
+    core = _run(build.core_tests, "--list").stdout.split()
+    assert sorted(core) == sorted(CORE_OFFLINE + CORE_LIVE + CORE_VISION + CORE_LAUNCHER)
+    components = _run(build.component_tests, "--list").stdout.split()
+    assert sorted(components) == sorted(COMPONENTS_LIVE)
+
+
+# -- the core ---------------------------------------------------------------------------------------
+
+
+def test_core_offline(build: Build) -> None:
+    result = _run(build.core_tests, *CORE_OFFLINE)
+    for name in CORE_OFFLINE:
+        _assert_passed(result, name)
+
+
+@pytest.mark.parametrize("name", CORE_LIVE)
+def test_core_against_a_live_daemon(build: Build, daemon: RunningDaemon, models: dict[str, Path], tmp_path: Path, name: str) -> None:
+    _assert_passed(_run(build.core_tests, name, env=_env(daemon, models, tmp_path)), name)
+
+
+@pytest.mark.skipif(not VISION, reason="this daemon has no --mmproj yet (vision not landed)")
+@pytest.mark.parametrize("name", CORE_VISION)
+def test_core_screenshot_question(build: Build, daemon: RunningDaemon, models: dict[str, Path], tmp_path: Path, name: str) -> None:
+    _assert_passed(_run(build.core_tests, name, env=_env(daemon, models, tmp_path)), name)
+
+
+@pytest.mark.parametrize("name", CORE_LAUNCHER)
+def test_launcher(build: Build, models: dict[str, Path], tmp_path: Path, name: str) -> None:
+    _assert_passed(_run(build.core_tests, name, env=_env(None, models, tmp_path)), name)
+
+
+def test_the_daemon_stops_when_the_game_crashes(build: Build, models: dict[str, Path], tmp_path: Path) -> None:
+    """A game that launched the daemon and died without stopping it (no Dispose, no SIGTERM): the
+    daemon's --parent-pid watch ends it, even though the pipe it logs into has lost its reader."""
+    result = _run(build.core_tests, "--launch-and-crash", env=_env(None, models, tmp_path))
+    assert result.returncode == 17, f"{result.stdout}\n{result.stderr}"
+    pid = int(result.stdout.split("DAEMON_PID ")[1].split()[0])
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                break
+        except psutil.NoSuchProcess:
+            break
+        time.sleep(0.1)
+    else:
+        psutil.Process(pid).kill()
+        pytest.fail("the daemon outlived the game that launched it by 10 s")
+
+
+# -- the components ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", COMPONENTS_LIVE)
+def test_components_hosted_by_the_stub(build: Build, daemon: RunningDaemon, models: dict[str, Path], tmp_path: Path, name: str) -> None:
+    _assert_passed(_run(build.component_tests, name, env=_env(daemon, models, tmp_path)), name)
+
+
+# -- .NET Core ----------------------------------------------------------------------------------------
+
+
+def test_core_builds_and_runs_on_dotnet_core(tmp_path: Path) -> None:
+    """The same core against the .NET Core 3.1 runtime (PyPI dotnetcore2): compiled against its
+    assemblies, offline tests run with `dotnet exec`."""
+    if not MCS:
+        _missing("mcs is not installed (apt-get install mono-mcs)")
+    try:
+        import dotnetcore2
+    except ImportError:
+        _missing("dotnetcore2 is not installed (the dev extra)")
+    root = Path(dotnetcore2.__file__).parent / "bin"
+    [runtime] = sorted((root / "shared" / "Microsoft.NETCore.App").iterdir())
+    # All of the runtime's managed assemblies but the WinRT projections (they drag in Windows.winmd).
+    refs = [f"-r:{p}" for p in sorted(runtime.glob("System.*.dll")) if "WindowsRuntime" not in p.name]
+    refs += [f"-r:{runtime / 'netstandard.dll'}", f"-r:{runtime / 'Microsoft.Win32.Primitives.dll'}"]
+    base = ["-nostdlib", "-noconfig", "-nowarn:1702", *refs]
+    core, tests = tmp_path / "Xlm.Sidecar.Core.dll", tmp_path / "Xlm.Sidecar.Tests.exe"
+    _compile("-target:library", *base, f"-out:{core}", *_sources(UNITY / "Runtime" / "Core"))
+    _compile("-target:exe", *base, f"-r:{core}", f"-out:{tests}", str(CSHARP_TESTS / "TestRunner.cs"), *_sources(CSHARP_TESTS / "CoreTests"))
+    config = tmp_path / "Xlm.Sidecar.Tests.runtimeconfig.json"
+    config.write_text(json.dumps({"runtimeOptions": {
+        "tfm": "netcoreapp3.1",
+        "framework": {"name": "Microsoft.NETCore.App", "version": runtime.name},
+        # No ICU on this machine; the client formats nothing culture-specific.
+        "configProperties": {"System.Globalization.Invariant": True},
+    }}))
+    result = subprocess.run([str(root / "dotnet"), "exec", "--runtimeconfig", str(config), str(tests), *CORE_OFFLINE],
+                            capture_output=True, text=True, timeout=120)
+    for name in CORE_OFFLINE:
+        _assert_passed(result, name)
