@@ -1,16 +1,18 @@
 #!/usr/bin/env python3
 """The engine against its peers (issue 5), each scenario side by side in one run.
 
-  single   one stream's decode tokens/s: the daemon, llama-cpp-python Llama() with its defaults,
-           Llama() hand-tuned (best of a sweep of threads and flash attention), and llama-bench's
-           token generation at its best thread count (when the binary is found)
-  batch    aggregate tokens/s with 1, 4 and 16 concurrent conversations: the daemon, llama-cpp-
-           python's server, llama.cpp's llama-server with as many slots
+  single   one stream's decode tokens/s and time to first token: the daemon, llama-cpp-python
+           Llama() with its defaults, Llama() hand-tuned (best of a sweep of threads and flash
+           attention), and llama-bench's token generation at its best thread count (when the
+           binary is found; llama-bench has no time to first token)
+  batch    aggregate tokens/s with 1, 4, 16 and 64 concurrent conversations, every side streamed
+           (gRPC for the daemon, server-sent events for the peers): the daemon, llama-cpp-python's
+           server, llama.cpp's llama-server with as many slots
   session  time to first token of turn 2 of a conversation with a 500-token persona, against turn 1
   reload   pause of a reload (what a placement-changing budget update costs) with 8 live streams
 
     python bench/engine_benchmark.py [single batch session reload] [--model PATH | --moe]
-        [--llama-bin DIR] [--repeats 3] [--json OUT]
+        [--llama-bin DIR] [--repeats 3] [--quick] [--json OUT]
 
 Medians over repeats, with min and max. Run on an otherwise idle machine: llama.cpp's threads
 spin, so any other process on the same cores distorts every figure.
@@ -20,11 +22,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -56,10 +60,33 @@ def messages(text: str, system: str | None = None) -> list[dict]:
     return ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
 
 
+# -- how tokens are counted ------------------------------------------------------------------------
+
+TOKEN_COUNTING = (
+    "tokens = the streamed reply's text, tokenized with the model's own tokenizer after the run, "
+    "the same function for every side; time = client clock from sending the first request to the "
+    "end of the last stream"
+)
+
+
+class TokenCounter:
+    """Counts the tokens of delivered text with the model's tokenizer (vocabulary only), so the
+    daemon and its peers are counted the same way whatever each reports about itself."""
+
+    def __init__(self, model: Path) -> None:
+        from llama_cpp import Llama
+
+        self._llm = Llama(model_path=str(model), vocab_only=True, verbose=False)
+
+    def __call__(self, text: str) -> int:
+        return len(self._llm.tokenize(text.encode(), add_bos=False, special=False)) if text else 0
+
+
 # -- single stream -----------------------------------------------------------------------------
 
 
-def daemon_decode(client, tokens: int, nonce: int) -> float:
+def daemon_decode(client, tokens: int, nonce: int) -> tuple[float, float]:
+    """(decode tokens/s as the daemon timed it, time to first token in ms on the client's clock)."""
     from sidecar.api import pb
 
     req = pb.GenerateRequest(
@@ -67,11 +94,21 @@ def daemon_decode(client, tokens: int, nonce: int) -> float:
         max_tokens=tokens,
         sampling=pb.SamplingParams(temperature=0.0),
     )
-    return client.complete(req).final.timings.decode_tokens_per_s
+    started = time.perf_counter()
+    first = None
+    final = None
+    for chunk in client.generate(req):
+        if chunk.token_ids and first is None:
+            first = time.perf_counter()
+        if chunk.HasField("final"):
+            final = chunk.final
+    return final.timings.decode_tokens_per_s, ((first or time.perf_counter()) - started) * 1e3
 
 
-def llama_decode(llm, tokens: int, nonce: int) -> float:
-    """Decode tokens/s of Llama.create_chat_completion, timed from the first streamed token."""
+def llama_decode(llm, tokens: int, nonce: int) -> tuple[float, float]:
+    """(decode tokens/s of Llama.create_chat_completion timed from the first streamed token,
+    time to first token in ms), both on the caller's clock."""
+    started = time.perf_counter()
     first = last = None
     n = 0
     for chunk in llm.create_chat_completion(messages(STORY, f"Night {nonce}."), max_tokens=tokens, temperature=0.0, stream=True):
@@ -80,73 +117,99 @@ def llama_decode(llm, tokens: int, nonce: int) -> float:
             first = first or now
             last = now
             n += 1
-    return (n - 1) / (last - first) if n > 1 else 0.0
+    return ((n - 1) / (last - first) if n > 1 else 0.0), ((first or time.perf_counter()) - started) * 1e3
+
+
+def _runs(fn, repeats: int) -> tuple[list[float], list[float]]:
+    pairs = [fn(i) for i in range(repeats)]
+    return [p[0] for p in pairs], [p[1] for p in pairs]
 
 
 def scenario_single(model: Path, args, results: dict) -> None:
     from conftest import start_daemon, stop_daemon
     from llama_cpp import Llama
 
-    tokens = 128
-    print(f"\n== single stream decode, {tokens} tokens, {args.repeats} repeats ==")
+    tokens = 32 if getattr(args, "quick", False) else 128
+    print(f"\n== single stream decode and time to first token, {tokens} tokens, {args.repeats} repeats ==")
     rows: dict[str, list[float]] = {}
+    ttft: dict[str, list[float]] = {}
     daemon = start_daemon("--model", str(model))
     try:
         with daemon.client(timeout_s=600) as c:
             daemon_decode(c, 8, -1)
-            rows["daemon (its own choice)"] = [daemon_decode(c, tokens, i) for i in range(args.repeats)]
+            rows["daemon (its own choice)"], ttft["daemon (its own choice)"] = _runs(lambda i: daemon_decode(c, tokens, i), args.repeats)
     finally:
         stop_daemon(daemon)
     llm = Llama(model_path=str(model), verbose=False)
     llama_decode(llm, 8, -1)
-    rows["Llama() defaults"] = [llama_decode(llm, tokens, i) for i in range(args.repeats)]
+    rows["Llama() defaults"], ttft["Llama() defaults"] = _runs(lambda i: llama_decode(llm, tokens, i), args.repeats)
     del llm
-    best_name, best = None, []
-    for threads in (1, 2):
+    best_name, best, best_ttft = None, [], []
+    for threads in sorted({1, os.cpu_count() or 1}):
         for flash in (False, True):
             llm = Llama(model_path=str(model), n_threads=threads, n_threads_batch=threads, flash_attn=flash, n_ctx=2048, verbose=False)
             llama_decode(llm, 8, -1)
-            runs = [llama_decode(llm, tokens, i) for i in range(args.repeats)]
+            runs, firsts = _runs(lambda i: llama_decode(llm, tokens, i), args.repeats)
             del llm
             if not best or statistics.median(runs) > statistics.median(best):
-                best_name, best = f"threads={threads} flash={flash}", runs
+                best_name, best, best_ttft = f"threads={threads} flash={flash}", runs, firsts
     rows[f"Llama() hand-tuned ({best_name})"] = best
+    ttft[f"Llama() hand-tuned ({best_name})"] = best_ttft
     bench_bin = peers.find_llama_binary("llama-bench", args.llama_bin and args.llama_bin / "llama-bench")
     if bench_bin:
-        tg = peers.llama_bench_tg(bench_bin, model, [1, 2], tokens, args.repeats)
+        tg = peers.llama_bench_tg(bench_bin, model, sorted({1, os.cpu_count() or 1}), tokens, args.repeats)
         t_best = max(tg, key=tg.get)
         rows[f"llama-bench tg{tokens} (t={t_best})"] = [tg[t_best]]
     else:
         print("llama-bench not found (PATH, $LLAMA_CPP_BIN or --llama-bin): skipped")
+    print(f"{'':45} {'decode tok/s: median [min .. max]':>34}   {'first token ms':>30}")
     for name, values in rows.items():
-        print(f"{name:45} {spread(values)} tok/s")
+        first = spread(ttft[name]) if name in ttft else f"{'n/a (llama-bench has none)':>30}"
+        print(f"{name:45} {spread(values):>34}   {first:>30}")
     d = statistics.median(rows["daemon (its own choice)"])
     ratios = {
         "vs_defaults": d / statistics.median(rows["Llama() defaults"]),
         "vs_hand_tuned": d / statistics.median(best),
+        "ttft_vs_defaults": statistics.median(ttft["daemon (its own choice)"]) / statistics.median(ttft["Llama() defaults"]),
     }
     bench_row = next((v for k, v in rows.items() if k.startswith("llama-bench")), None)
     if bench_row:
         ratios["vs_llama_bench"] = d / bench_row[0]
-    print("daemon / defaults %.2fx (target 1.3x), / hand-tuned %.2fx (target 1.0x)" % (ratios["vs_defaults"], ratios["vs_hand_tuned"])
+    print("decode: daemon / defaults %.2fx (target 1.3x), / hand-tuned %.2fx (target 1.0x)" % (ratios["vs_defaults"], ratios["vs_hand_tuned"])
           + (", / llama-bench %.2fx (aim 0.95x)" % ratios["vs_llama_bench"] if bench_row else ""))
-    results["single"] = {"rows": rows, "ratios": ratios}
+    print("first token: daemon / defaults %.2fx (lower is better); the daemon's figure includes gRPC" % ratios["ttft_vs_defaults"])
+    results["single"] = {"tokens": tokens, "rows": rows, "ttft_ms": ttft, "ratios": ratios}
 
 
 # -- batch ----------------------------------------------------------------------------------------
 
 
 QUESTIONS = [f"In two sentences, describe a {a} {b}." for a in ("brave", "sly", "old", "young") for b in ("knight", "thief", "wizard", "merchant")]
+BATCH_STREAMS = (1, 4, 16, 64)
+# Context per conversation: a question and its reply fit, and 64 of them stay small.
+BATCH_CTX = 512
 
 
-def aggregate(send, n_streams: int, max_tokens: int) -> float:
-    """Total completion tokens per second with n_streams requests in flight at once."""
-    counts = [0] * n_streams
+@dataclass
+class Round:
+    """One round of n concurrent streams: aggregate tokens/s, median time to first token, and the
+    tokens each side says it sent (for the cross-check printed beside the counted ones)."""
+
+    tokens_per_s: float
+    ttft_ms: float
+    counted: int
+    self_reported: int | None
+
+
+def aggregate(send, n_streams: int, max_tokens: int, count) -> Round:
+    """n_streams streamed requests in flight at once; `send(question, max_tokens)` returns a
+    peers.Streamed. Tokens are counted from the delivered text by `count`, for every side."""
+    replies: list[peers.Streamed | None] = [None] * n_streams
     errors: list[BaseException] = []
 
     def one(i: int) -> None:
         try:
-            counts[i] = send(QUESTIONS[i % len(QUESTIONS)], max_tokens)
+            replies[i] = send(QUESTIONS[i % len(QUESTIONS)], max_tokens)
         except BaseException as e:  # surfaced after the run
             errors.append(e)
 
@@ -156,72 +219,115 @@ def aggregate(send, n_streams: int, max_tokens: int) -> float:
         t.start()
     for t in threads:
         t.join()
+    wall = time.perf_counter() - start
     if errors:
         raise errors[0]
-    return sum(counts) / (time.perf_counter() - start)
+    counted = sum(count(r.text) for r in replies)
+    reported = [r.reported_tokens for r in replies]
+    return Round(counted / wall, statistics.median(r.first_s for r in replies) * 1e3, counted,
+                 None if None in reported else sum(reported))
+
+
+def _daemon_stream(client, question: str, max_tokens: int) -> peers.Streamed:
+    from sidecar.api import pb
+
+    req = pb.GenerateRequest(messages=pb.ChatMessages(messages=[pb.ChatMessage(role="user", content=question)]),
+                             max_tokens=max_tokens, sampling=pb.SamplingParams(temperature=0.0))
+    started = time.perf_counter()
+    first = None
+    parts: list[str] = []
+    chunks = produced = 0
+    for chunk in client.generate(req):
+        if chunk.text:
+            first = first if first is not None else time.perf_counter()
+            parts.append(chunk.text)
+            chunks += 1
+        if chunk.HasField("final"):
+            produced = chunk.final.usage.completion_tokens
+    ended = time.perf_counter()
+    return peers.Streamed("".join(parts), (first or ended) - started, ended - started, chunks, produced)
 
 
 def scenario_batch(model: Path, args, results: dict) -> None:
     from conftest import start_daemon, stop_daemon
-    from sidecar.api import pb
     from sidecar.settings import Settings
 
-    max_tokens, streams = 64, (1, 4, 16)
+    quick = getattr(args, "quick", False)
+    max_tokens, streams = (16 if quick else 64), BATCH_STREAMS
     threads = Settings().cpu_threads()
-    print(f"\n== aggregate tokens/s, {max_tokens} tokens per conversation, {threads} threads ==")
-    table: dict[str, dict[int, list[float]]] = {}
+    count = TokenCounter(model)
+    print(f"\n== aggregate tokens/s, {max_tokens} tokens per conversation, {threads} threads, all sides streamed ==")
+    print(f"   ({TOKEN_COUNTING})")
+    table: dict[str, dict[int, list[Round]]] = {}
 
-    daemon = start_daemon("--model", str(model), "--parallel", "16", "--ctx", "1024")
+    daemon = start_daemon("--model", str(model), "--parallel", str(max(streams)), "--ctx", str(BATCH_CTX))
     try:
         with daemon.client(timeout_s=600) as c:
-            def send(q: str, n: int) -> int:
-                req = pb.GenerateRequest(messages=pb.ChatMessages(messages=[pb.ChatMessage(role="user", content=q)]),
-                                         max_tokens=n, sampling=pb.SamplingParams(temperature=0.0))
-                return c.complete(req).final.usage.completion_tokens
-            send("warm up", 4)
-            table["daemon"] = {n: [aggregate(send, n, max_tokens) for _ in range(args.repeats)] for n in streams}
+            _daemon_stream(c, "warm up", 4)
+            table["daemon"] = {n: [aggregate(lambda q, k: _daemon_stream(c, q, k), n, max_tokens, count)
+                                   for _ in range(args.repeats)] for n in streams}
     finally:
         stop_daemon(daemon)
 
+    # One sequence, so concurrent requests queue (interrupt_requests off: see peers.py).
     peer = peers.start_llama_cpp_python_server(model, threads, 2048)
     try:
-        table["llama-cpp-python server"] = {n: _http_aggregate(peer, n, max_tokens, args.repeats) for n in streams}
+        table["llama-cpp-python server"] = {n: _http_aggregate(peer, n, max_tokens, args.repeats, count) for n in streams}
     finally:
         peer.stop()
     server_bin = peers.find_llama_binary("llama-server", args.llama_bin and args.llama_bin / "llama-server")
     if server_bin:
-        per_n: dict[int, list[float]] = {}
+        per_n: dict[int, list[Round]] = {}
         for n in streams:  # as many slots as streams, as the issue asks
-            peer = peers.start_llama_server(server_bin, model, threads, n, 1024)
+            peer = peers.start_llama_server(server_bin, model, threads, n, BATCH_CTX)
             try:
-                per_n[n] = _http_aggregate(peer, n, max_tokens, args.repeats)
+                per_n[n] = _http_aggregate(peer, n, max_tokens, args.repeats, count)
             finally:
                 peer.stop()
         table["llama-server (slots = streams)"] = per_n
     else:
         print("llama-server not found (PATH, $LLAMA_CPP_BIN or --llama-bin): skipped")
-    print(f"{'':34}" + "".join(f"{n:>12} streams" for n in streams))
+
+    def med(rounds: list[Round], field: str = "tokens_per_s") -> float:
+        return statistics.median(getattr(r, field) for r in rounds)
+
+    print("aggregate tok/s: median [min .. max]")
+    print(f"{'':34}" + "".join(f"{str(n) + ' streams':>26}" for n in streams))
     for name, row in table.items():
-        print(f"{name:34}" + "".join(f"{statistics.median(row[n]):20.1f}" for n in streams))
+        print(f"{name:34}" + "".join(f"{spread([r.tokens_per_s for r in row[n]]):>26}" for n in streams))
+    print("median time to first token (ms)")
+    for name, row in table.items():
+        print(f"{name:34}" + "".join(f"{med(row[n], 'ttft_ms'):26.0f}" for n in streams))
+    print("tokens counted / tokens the side reports (last round; '-' where it reports none while streaming)")
+    for name, row in table.items():
+        print(f"{name:34}" + "".join(f"{str(row[n][-1].counted) + ' / ' + str(row[n][-1].self_reported if row[n][-1].self_reported is not None else '-'):>26}"
+                                     for n in streams))
     d = table["daemon"]
-    ratios = {f"vs_llama_cpp_python_{n}": statistics.median(d[n]) / statistics.median(table["llama-cpp-python server"][n]) for n in streams}
+    ratios = {f"vs_llama_cpp_python_{n}": med(d[n]) / med(table["llama-cpp-python server"][n]) for n in streams}
     if "llama-server (slots = streams)" in table:
-        ratios |= {f"vs_llama_server_{n}": statistics.median(d[n]) / statistics.median(table["llama-server (slots = streams)"][n]) for n in streams}
+        ratios |= {f"vs_llama_server_{n}": med(d[n]) / med(table["llama-server (slots = streams)"][n]) for n in streams}
     print("daemon / llama-cpp-python server: " + ", ".join(f"{n} streams {ratios[f'vs_llama_cpp_python_{n}']:.2f}x" for n in streams)
           + "   (targets 2.5x at 4, 4x at 16)")
     if "vs_llama_server_1" in ratios:
         print("daemon / llama-server: " + ", ".join(f"{n} streams {ratios[f'vs_llama_server_{n}']:.2f}x" for n in streams) + "   (target >= 1.0x)")
-    results["batch"] = {"table": {k: {str(n): v for n, v in row.items()} for k, row in table.items()}, "ratios": ratios}
+    results["batch"] = {
+        "max_tokens": max_tokens, "threads": threads, "token_counting": TOKEN_COUNTING,
+        "table": {k: {str(n): [r.tokens_per_s for r in rounds] for n, rounds in row.items()} for k, row in table.items()},
+        "ttft_ms": {k: {str(n): [r.ttft_ms for r in rounds] for n, rounds in row.items()} for k, row in table.items()},
+        "cross_check": {k: {str(n): {"counted": rounds[-1].counted, "self_reported": rounds[-1].self_reported}
+                            for n, rounds in row.items()} for k, row in table.items()},
+        "ratios": ratios,
+    }
 
 
-def _http_aggregate(peer: peers.HttpPeer, n: int, max_tokens: int, repeats: int) -> list[float]:
+def _http_aggregate(peer: peers.HttpPeer, n: int, max_tokens: int, repeats: int, count) -> list[Round]:
     import httpx
 
-    with httpx.Client(limits=httpx.Limits(max_connections=32)) as http:
-        def send(q: str, k: int) -> int:
-            return peer.chat(http, messages(q), k)
+    with httpx.Client(limits=httpx.Limits(max_connections=max(BATCH_STREAMS) * 2)) as http:
+        def send(q: str, k: int) -> peers.Streamed:
+            return peer.chat_stream(http, messages(q), k)
         send("warm up", 4)
-        return [aggregate(send, n, max_tokens) for _ in range(repeats)]
+        return [aggregate(send, n, max_tokens, count) for _ in range(repeats)]
 
 
 # -- session --------------------------------------------------------------------------------------
@@ -306,6 +412,7 @@ def main() -> int:
     ap.add_argument("--moe", action="store_true", help="use the MoE made from SmolLM2 (generated on the fly)")
     ap.add_argument("--llama-bin", type=Path, default=None, help="folder with llama-bench and llama-server")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--quick", action="store_true", help="shorter replies (a smoke run, not a measurement)")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
 

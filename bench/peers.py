@@ -16,6 +16,11 @@ from pathlib import Path
 
 import httpx
 
+# Concurrent requests on llama-cpp-python's server: by default a new request interrupts the one
+# streaming (`interrupt_requests`), which would cut peers' replies short under load. We turn it
+# off so every stream runs to its end, queued as the server queues them.
+LLAMA_CPP_PYTHON_SERVER_FLAGS = ("--interrupt_requests", "False")
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -45,8 +50,21 @@ def llama_bench_tg(binary: Path, model: Path, threads: list[int], tokens: int, r
 
 
 @dataclass
+class Streamed:
+    """One streamed reply as the client saw it. Tokens are counted by the caller, the same way
+    for every side (see engine_benchmark.count_tokens); `events` and `reported_tokens` (the
+    server's own usage figure, where it sends one while streaming) are cross-checks."""
+
+    text: str
+    first_s: float
+    total_s: float
+    events: int
+    reported_tokens: int | None
+
+
+@dataclass
 class HttpPeer:
-    """An OpenAI-compatible server process we started; `chat` sends one non-streaming request."""
+    """An OpenAI-compatible server process we started."""
 
     name: str
     process: subprocess.Popen
@@ -65,15 +83,36 @@ class HttpPeer:
             time.sleep(0.5)
         raise RuntimeError(f"{self.name} did not start within {timeout_s} s")
 
-    def chat(self, client: httpx.Client, messages: list[dict], max_tokens: int) -> int:
-        """Completion tokens of one greedy chat request."""
-        r = client.post(
-            f"{self.base_url}/v1/chat/completions",
-            json={"messages": messages, "max_tokens": max_tokens, "temperature": 0.0, "stream": False},
-            timeout=600,
-        )
-        r.raise_for_status()
-        return int(r.json()["usage"]["completion_tokens"])
+    def chat_stream(self, client: httpx.Client, messages: list[dict], max_tokens: int) -> Streamed:
+        """One greedy chat request streamed over server-sent events, as a game would read it
+        and as the daemon is read over gRPC: the text delivered and when it arrived."""
+        started = time.perf_counter()
+        first = None
+        parts: list[str] = []
+        events = 0
+        reported = None
+        body = {"messages": messages, "max_tokens": max_tokens, "temperature": 0.0, "stream": True,
+                # llama-server reports usage in a last event with this; llama-cpp-python ignores it.
+                "stream_options": {"include_usage": True}}
+        with client.stream("POST", f"{self.base_url}/v1/chat/completions", json=body, timeout=600) as r:
+            r.raise_for_status()
+            for line in r.iter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                event = json.loads(data)
+                if event.get("usage"):
+                    reported = event["usage"].get("completion_tokens")
+                for choice in event.get("choices") or ():
+                    piece = (choice.get("delta") or {}).get("content")
+                    if piece:
+                        first = first if first is not None else time.perf_counter()
+                        parts.append(piece)
+                        events += 1
+        ended = time.perf_counter()
+        return Streamed("".join(parts), (first or ended) - started, ended - started, events, reported)
 
     def stop(self) -> None:
         self.process.terminate()
@@ -87,7 +126,8 @@ def start_llama_cpp_python_server(model: Path, threads: int, n_ctx: int) -> Http
     port = free_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--port", str(port),
-         "--n_threads", str(threads), "--n_threads_batch", str(threads), "--n_ctx", str(n_ctx)],
+         "--n_threads", str(threads), "--n_threads_batch", str(threads), "--n_ctx", str(n_ctx),
+         *LLAMA_CPP_PYTHON_SERVER_FLAGS],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     peer = HttpPeer("llama-cpp-python server", process, f"http://127.0.0.1:{port}")
