@@ -26,7 +26,7 @@ import pytest
 from conftest import RunningDaemon, start_daemon, stop_daemon
 from sidecar.api import pb
 from sidecar.client import Reply
-from sidecar.engine.requests import Finished, FinishReason, GenerationSpec, Prompt
+from sidecar.engine.requests import Finished, FinishReason, GenerationSpec, Prompt, TextDelta
 from sidecar.engine.sampling import SamplingConfig
 from sidecar.errors import FailedPrecondition, InvalidArgument, ResourceExhausted, Unavailable
 from sidecar.remote import wire
@@ -325,6 +325,50 @@ def test_cancel_closes_the_http_stream() -> None:
         assert SlowStream.hung_up.wait(5), "the server never saw the connection close"
         assert SlowStream.sent < 100
         assert isinstance(events[-1], Finished) and events[-1].reason is FinishReason.CANCELLED
+    finally:
+        server.shutdown()
+
+
+class Garbled(http.server.BaseHTTPRequestHandler):
+    """A server whose usage chunk is not numbers, and one that ends its body without finishing."""
+
+    def do_POST(self) -> None:  # noqa: N802
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        self.wfile.write(b'data: {"choices":[{"delta":{"content":"hi"},"finish_reason":null}]}\n\n')
+        if self.path.endswith("/chat/completions"):
+            self.wfile.write(b'data: {"choices":[],"usage":{"prompt_tokens":"many","completion_tokens":"few"}}\n\n')
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_reply_the_daemon_cannot_read_ends_the_call_unavailable() -> None:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Garbled)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+
+    async def run(spec: GenerationSpec) -> object:
+        backend = await RemoteBackend.start(RemoteOptions(url=f"http://127.0.0.1:{server.server_port}/v1", model="m"))
+        ended = asyncio.Event()
+        events: list[object] = []
+
+        def sink(event: object) -> None:
+            events.append(event)
+            if not isinstance(event, TextDelta):
+                ended.set()
+
+        backend.submit(spec, sink)
+        await asyncio.wait_for(ended.wait(), 10)
+        await backend.aclose()
+        return events[-1]
+
+    try:
+        garbled = asyncio.run(run(_spec()))
+        assert isinstance(garbled, Unavailable) and "cannot read" in str(garbled)
+        cut_off = asyncio.run(run(_spec(prompt=Prompt(text="Once"))))
+        assert isinstance(cut_off, Unavailable) and "without finishing" in str(cut_off)
     finally:
         server.shutdown()
 

@@ -213,6 +213,10 @@ class RemoteBackend:
         except httpx.HTTPError as e:
             job.sink(Unavailable(f"the remote server at {self.options.url} failed: {_describe(e)}"))
             return
+        except Exception as e:  # whatever a server sends, the game's call must end, never hang
+            log.exception("forwarding failed", url=self.options.url)
+            job.sink(Unavailable(f"the remote server at {self.options.url} sent a reply the daemon cannot read: {_describe(e)}"))
+            return
         finally:
             self._jobs.discard(job)
         job.sink(self._finished(job, progress, started))
