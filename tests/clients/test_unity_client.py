@@ -1,10 +1,12 @@
 """The Unity package (clients/unity): its C# built with mcs and run against a real daemon.
 
-The client core and its tests run on Mono, the runtime Unity itself embeds. The core is also built
-against the .NET Core 3.1 runtime from PyPI (dotnetcore2), and its offline tests run there; the live
-ones cannot, because that runtime needs OpenSSL 1.x for ClientWebSocket and this Debian has 3.
-The Unity components compile against a stand-in for the UnityEngine types they use
-(tests/clients/unity/UnityEngineStub), which also hosts them for a few live runs.
+The client core and its tests run on Mono, the runtime Unity itself embeds, over the WebSocket
+bridge. The core and the gRPC transport (Runtime/Grpc) are also built against the .NET Core 3.1
+runtime from PyPI (dotnetcore2), whose HttpClient speaks HTTP/2 without TLS, and the same client
+tests run there over gRPC; its protobuf codec is checked against Python's protobuf both ways. (The
+WebSocket tests cannot run on that runtime: its ClientWebSocket needs OpenSSL 1.x, and this Debian
+has 3.) The Unity components and samples compile against a stand-in for the UnityEngine types they
+use (tests/clients/unity/UnityEngineStub), which also hosts a few components for live runs.
 
 The daemon serves the tiny random llama (and the tiny vision projector), so replies are byte
 garbage: the C# tests check structure and behaviour, never words. Each C# test runs in its own
@@ -14,6 +16,7 @@ test_every_csharp_test_is_run.
 
 from __future__ import annotations
 
+import base64
 import importlib.util
 import json
 import os
@@ -204,7 +207,9 @@ def test_core_has_no_unityengine_dependency(build: Build) -> None:
     """The core compiled without UnityEngine (the build fixture); its assembly definition says so too."""
     asmdef = json.loads((UNITY / "Runtime" / "Core" / "Xlm.Sidecar.Core.asmdef").read_text())
     assert asmdef["name"] == "Xlm.Sidecar.Core" and asmdef["noEngineReferences"] is True
-    for source in (UNITY / "Runtime" / "Core").glob("*.cs"):
+    grpc = json.loads((UNITY / "Runtime" / "Grpc" / "Xlm.Sidecar.Grpc.asmdef").read_text())
+    assert grpc["references"] == ["Xlm.Sidecar.Core"] and grpc["noEngineReferences"] is True
+    for source in [*(UNITY / "Runtime" / "Core").glob("*.cs"), *(UNITY / "Runtime" / "Grpc").glob("*.cs")]:
         assert "UnityEngine" not in source.read_text(), source
     assert build.core.is_file()
 
@@ -281,12 +286,21 @@ def test_components_hosted_by_the_stub(build: Build, daemon: RunningDaemon, mode
     _assert_passed(_run(build.component_tests, name, env=_env(daemon, models, tmp_path)), name)
 
 
-# -- .NET Core ----------------------------------------------------------------------------------------
+# -- .NET Core and gRPC -------------------------------------------------------------------------------
 
 
-def test_core_builds_and_runs_on_dotnet_core(tmp_path: Path) -> None:
-    """The same core against the .NET Core 3.1 runtime (PyPI dotnetcore2): compiled against its
-    assemblies, offline tests run with `dotnet exec`."""
+@dataclass
+class DotnetBuild:
+    dotnet: Path
+    tests: Path
+    config: Path
+
+
+@pytest.fixture(scope="module")
+def dotnet_build(tmp_path_factory: pytest.TempPathFactory) -> DotnetBuild:
+    """The core and the gRPC transport (Runtime/Grpc) built against the .NET Core 3.1 runtime from PyPI
+    (dotnetcore2), with the test program; run with `dotnet exec`. Its HttpClient speaks HTTP/2
+    without TLS, which Mono's does not, so the gRPC transport is tested here."""
     if not MCS:
         _missing("mcs is not installed (apt-get install mono-mcs)")
     try:
@@ -299,17 +313,112 @@ def test_core_builds_and_runs_on_dotnet_core(tmp_path: Path) -> None:
     refs = [f"-r:{p}" for p in sorted(runtime.glob("System.*.dll")) if "WindowsRuntime" not in p.name]
     refs += [f"-r:{runtime / 'netstandard.dll'}", f"-r:{runtime / 'Microsoft.Win32.Primitives.dll'}"]
     base = ["-nostdlib", "-noconfig", "-nowarn:1702", *refs]
-    core, tests = tmp_path / "Xlm.Sidecar.Core.dll", tmp_path / "Xlm.Sidecar.Tests.exe"
+    out = tmp_path_factory.mktemp("unity-dotnet")
+    core, grpc, tests = out / "Xlm.Sidecar.Core.dll", out / "Xlm.Sidecar.Grpc.dll", out / "Xlm.Sidecar.Tests.exe"
     _compile("-target:library", *base, f"-out:{core}", *_sources(UNITY / "Runtime" / "Core"))
-    _compile("-target:exe", *base, f"-r:{core}", f"-out:{tests}", str(CSHARP_TESTS / "TestRunner.cs"), *_sources(CSHARP_TESTS / "CoreTests"))
-    config = tmp_path / "Xlm.Sidecar.Tests.runtimeconfig.json"
+    _compile("-target:library", *base, f"-r:{core}", f"-out:{grpc}", *_sources(UNITY / "Runtime" / "Grpc"))
+    _compile("-target:exe", *base, "-define:XLM_GRPC", f"-r:{core}", f"-r:{grpc}", f"-out:{tests}",
+             str(CSHARP_TESTS / "TestRunner.cs"), *_sources(CSHARP_TESTS / "CoreTests"))
+    config = out / "Xlm.Sidecar.Tests.runtimeconfig.json"
     config.write_text(json.dumps({"runtimeOptions": {
         "tfm": "netcoreapp3.1",
         "framework": {"name": "Microsoft.NETCore.App", "version": runtime.name},
         # No ICU on this machine; the client formats nothing culture-specific.
         "configProperties": {"System.Globalization.Invariant": True},
     }}))
-    result = subprocess.run([str(root / "dotnet"), "exec", "--runtimeconfig", str(config), str(tests), *CORE_OFFLINE],
-                            capture_output=True, text=True, timeout=120)
+    return DotnetBuild(root / "dotnet", tests, config)
+
+
+def _dotnet(build: DotnetBuild, *args: str, env: dict[str, str] | None = None, stdin: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([str(build.dotnet), "exec", "--runtimeconfig", str(build.config), str(build.tests), *args],
+                          capture_output=True, text=True, env=env, input=stdin, timeout=240)
+
+
+def test_core_offline_on_dotnet_core(dotnet_build: DotnetBuild) -> None:
+    result = _dotnet(dotnet_build, *CORE_OFFLINE)
     for name in CORE_OFFLINE:
         _assert_passed(result, name)
+
+
+@pytest.mark.parametrize("name", CORE_LIVE + (CORE_VISION if VISION else []))
+def test_core_over_grpc(dotnet_build: DotnetBuild, daemon: RunningDaemon, models: dict[str, Path], tmp_path: Path, name: str) -> None:
+    """The same client tests with GrpcTransport (HTTP/2 to the daemon's gRPC port) under the client."""
+    env = {**_env(daemon, models, tmp_path), "XLM_TEST_TRANSPORT": "grpc", "XLM_TEST_GRPC": daemon.address}
+    _assert_passed(_dotnet(dotnet_build, name, env=env), name)
+
+
+def test_proto_schema_is_up_to_date() -> None:
+    spec = importlib.util.spec_from_file_location("gen_proto_schema", CSHARP_TESTS / "gen_proto_schema.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    assert gen.TARGET.read_text() == gen.render(), "run: .venv/bin/python tests/clients/unity/gen_proto_schema.py"
+
+
+ENCODE_CASES = [
+    ("GenerateRequest", {"messages": {"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "h\u00e9 \U0001F600"}]},
+                         "sampling": {"temperature": 0, "topK": -1, "seed": "18446744073709551615"}, "maxTokens": 8,
+                         "stop": ["\n", "END"], "jsonSchema": "{}", "sessionId": "npc", "resetSession": True}),
+    ("GenerateRequest", {"prompt": ""}),
+    ("AskImageRequest", {"question": "what?", "image": {"raw": {"pixels": "AQIDBA==", "width": 1, "height": 1,
+                                                                "format": "PIXEL_FORMAT_BGRA8", "bottomUp": True}}}),
+    ("SetBudgetRequest", {"vramSize": "2G", "maxCpuThreads": 0}),
+    ("SetBudgetRequest", {"autoReserveBytes": "1073741824"}),
+    ("EndSessionRequest", {"sessionId": "x"}),
+]
+
+
+@pytest.mark.parametrize(("message", "request_json"), ENCODE_CASES, ids=lambda v: v if isinstance(v, str) else None)
+def test_proto_encoding_matches_python_protobuf(dotnet_build: DotnetBuild, message: str, request_json: dict) -> None:
+    """What the C# codec writes, Python's protobuf reads as the same message (optionals set to their
+    defaults included: temperature 0 must reach the daemon)."""
+    from google.protobuf import json_format
+    from sidecar.api.xlm.v1 import sidecar_pb2
+
+    result = _dotnet(dotnet_build, "--proto-encode", f"xlm.v1.{message}", stdin=json.dumps(request_json))
+    assert result.returncode == 0, result.stdout + result.stderr
+    parsed = getattr(sidecar_pb2, message).FromString(base64.b64decode(result.stdout.strip()))
+    assert parsed == json_format.ParseDict(request_json, getattr(sidecar_pb2, message)())
+
+
+def _sample_replies() -> list:
+    from sidecar.api.xlm.v1 import sidecar_pb2 as pb
+
+    schedule = pb.Schedule(tiers=[pb.TierPlan(max_tokens=1, phase=pb.TIER_PHASE_DECODE, placement=pb.PLACEMENT_STATIC, threads=3,
+                                              predicted_tokens_per_s=12.5)],
+                           vram_bytes_by_component={"weights": 3 << 30, "kv_cache": 7}, kv_type="q8_0", micro_batch=512)
+    return [
+        pb.GenerateChunk(text="h\u00e9", token_ids=[1, 70000, -3], final=pb.GenerationFinal(
+            finish_reason=pb.FINISH_REASON_CANCELLED, usage=pb.Usage(prompt_tokens=9, cached_prompt_tokens=4, completion_tokens=2),
+            timings=pb.Timings(total_ms=1.25), session_id="npc",
+            image=pb.ImageInfo(original_width=64, encoded_width=32, downscaled=True, image_tokens=16, encode_ms=0.5))),
+        pb.GenerateChunk(),
+        pb.Status(version="1", phase=pb.ENGINE_PHASE_RELOADING, budget=pb.Budget(vram_bytes=(1 << 63) + 5, auto_vram=True), schedule=schedule,
+                  sessions=[pb.SessionInfo(session_id="a", tokens=3, last_used_unix_ms=-2, in_kv_cache=True)],
+                  listen_addresses=["127.0.0.1:1", "ws://127.0.0.1:2"], uptime_s=0.1),
+        pb.StateEvent(unix_ms=1_700_000_000_000, phase=pb.ENGINE_PHASE_READY, schedule=schedule, reason="budget"),
+    ]
+
+
+@pytest.mark.parametrize("reply", range(4))
+def test_proto_decoding_matches_python_protobuf(dotnet_build: DotnetBuild, reply: int) -> None:
+    """What Python's protobuf writes, the C# codec reads as the JSON mapping the bridge would send
+    (fields at their defaults included, 64-bit integers as strings, enums by name)."""
+    from google.protobuf import json_format
+
+    message = _sample_replies()[reply]
+    result = _dotnet(dotnet_build, "--proto-decode", message.DESCRIPTOR.full_name,
+                     stdin=base64.b64encode(message.SerializeToString()).decode())
+    assert result.returncode == 0, result.stdout + result.stderr
+    expected = json_format.MessageToDict(message, always_print_fields_with_no_presence=True)
+    assert _approx(json.loads(result.stdout)) == _approx(expected)
+
+
+def _approx(value: object) -> object:
+    """Floats compared at float32 precision (Python prints float fields shortest, C# as doubles)."""
+    if isinstance(value, dict):
+        return {k: _approx(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_approx(v) for v in value]
+    if isinstance(value, float):
+        return pytest.approx(value, rel=1e-6)
+    return value

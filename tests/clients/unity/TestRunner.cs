@@ -164,7 +164,7 @@ namespace Xlm.Sidecar.Tests
     }
 
     /// <summary>What pytest passes in the environment.</summary>
-    public static class Env
+    public static partial class Env
     {
         public static string Get(string name)
         {

@@ -34,7 +34,7 @@ namespace Xlm.Sidecar.Tests
 
         static SidecarClient NewClient()
         {
-            return new SidecarClient(Env.WebSocketAddress, Env.Token);
+            return Env.Client(Env.Token);
         }
 
         static GenerateRequest Greedy(string prompt, uint maxTokens)
@@ -71,6 +71,7 @@ namespace Xlm.Sidecar.Tests
                     if (!MainThread.IsCurrent) offMainThread++;
                     if (chunk.Final != null) final = chunk.Final;
                 });
+                Check.Equal(Env.Grpc ? "GrpcTransport" : "WebSocketTransport", client.Transport.GetType().Name, "the transport under test");
                 Check.True(MainThread.IsCurrent, "the await resumes on the main thread");
                 Check.Equal(0, offMainThread, "chunks delivered off the main thread");
                 Check.Equal(result.Chunks, chunks, "every chunk was delivered before the Task completed");
@@ -216,7 +217,7 @@ namespace Xlm.Sidecar.Tests
 
         static async Task BudgetCoalescing()
         {
-            var counting = new CountingTransport(new WebSocketTransport(Env.WebSocketAddress, Env.Token));
+            var counting = new CountingTransport(Env.Transport(Env.Token));
             using (var client = new SidecarClient(counting, SynchronizationContext.Current))
             {
                 var updater = new BudgetUpdater(client);
@@ -274,7 +275,7 @@ namespace Xlm.Sidecar.Tests
 
         static async Task WrongToken()
         {
-            using (var client = new SidecarClient(Env.WebSocketAddress, "not-the-token-of-this-launch"))
+            using (var client = Env.Client("not-the-token-of-this-launch"))
             {
                 var e = await Check.Throws<SidecarAuthenticationException>(() => client.GetStatusAsync(), "a wrong token");
                 Check.Equal(SidecarStatusCode.Unauthenticated, e.Code, "code");
@@ -315,12 +316,12 @@ namespace Xlm.Sidecar.Tests
 
         static async Task NoDaemon()
         {
-            using (var client = new SidecarClient("ws://127.0.0.1:9", "some-token-nobody-checks"))
+            using (var client = new SidecarClient(Env.Unreachable("some-token-nobody-checks"), SynchronizationContext.Current))
             {
                 var clock = Stopwatch.StartNew();
                 var e = await Check.Throws<SidecarUnavailableException>(() => client.GetStatusAsync(), "nothing listening");
                 Check.True(clock.Elapsed < TimeSpan.FromSeconds(10), "refused at once");
-                Check.True(e.Message.Contains("ws://127.0.0.1:9"), "the message names the address: " + e.Message);
+                Check.True(e.Message.Contains("127.0.0.1:9"), "the message names the address: " + e.Message);
             }
         }
     }

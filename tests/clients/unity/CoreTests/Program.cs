@@ -7,6 +7,8 @@ namespace Xlm.Sidecar.Tests
         {
             if (args.Length == 1 && args[0] == "--launch-and-crash")
                 return LauncherTests.LaunchAndCrash();
+            if (args.Length == 2 && (args[0] == "--proto-encode" || args[0] == "--proto-decode"))
+                return Transports.ProtoTool(args);
             JsonTests.Register();
             ClientTests.Register();
             LauncherTests.Register();
