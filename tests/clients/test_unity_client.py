@@ -148,8 +148,10 @@ VISION = _serves_vision()
 @pytest.fixture(scope="module")
 def daemon(build: Build, models: dict[str, Path]) -> Iterator[RunningDaemon]:
     vision = ("--mmproj", str(models["projector"])) if VISION else ()
-    # One thread and no chunk batching: a small shared machine, and tests that count chunks.
-    running = start_daemon("--model", str(models["llama"]), *vision, "--threads", "1", "--stream-interval-ms", "0", "--profile", "off")
+    # One thread and no chunk batching: a small shared machine, and tests that count chunks. Replies
+    # of up to 8000 tokens, so a reply a test cancels is still running however slow the machine.
+    running = start_daemon("--model", str(models["llama"]), *vision, "--threads", "1", "--stream-interval-ms", "0", "--profile", "off",
+                           "--ctx", "8192", "--max-tokens-per-request", "8000")
     yield running
     stop_daemon(running)
 

@@ -31,6 +31,8 @@ namespace Xlm.Sidecar.Unity
         [Tooltip("Serve gRPC on this Unix socket instead (macOS, Linux). The bridge then takes a free loopback port.")]
         [SerializeField] string socketPath = "";
         [SerializeField] float startTimeoutSeconds = 180f;
+        [Tooltip("More serve flags, one argument per entry (e.g. --ctx, 8192).")]
+        [SerializeField] string[] extraArguments = new string[0];
 
         [Header("Or attach to a daemon already running")]
         [Tooltip("Its WebSocket address, e.g. ws://127.0.0.1:50552. Empty: launch one.")]
@@ -59,6 +61,7 @@ namespace Xlm.Sidecar.Unity
         public string AttachAddress { get { return attachAddress; } set { attachAddress = value; } }
         public string AttachToken { get { return attachToken; } set { attachToken = value; } }
         public bool LaunchOnAwake { get { return launchOnAwake; } set { launchOnAwake = value; } }
+        public string[] ExtraArguments { get { return extraArguments; } set { extraArguments = value ?? new string[0]; } }
 
         /// <summary>The client, once ready; null before.</summary>
         public SidecarClient Client { get; private set; }
@@ -165,6 +168,7 @@ namespace Xlm.Sidecar.Unity
                 SocketPath = string.IsNullOrEmpty(socketPath) ? null : socketPath,
                 StartTimeout = TimeSpan.FromSeconds(startTimeoutSeconds),
             };
+            options.ExtraArguments.AddRange(extraArguments);
             return options;
         }
 

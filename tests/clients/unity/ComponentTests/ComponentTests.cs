@@ -148,6 +148,7 @@ namespace Xlm.Sidecar.Tests
                 l.ExecutablePath = Env.Get("XLM_TEST_SIDECAR_EXE");
                 l.ModelPath = Env.Get("XLM_TEST_MODEL");
                 l.Budget = "0";
+                l.ExtraArguments = new[] { "--threads", "1", "--profile", "off" };
             });
             var client = await launcher.WhenReady;
             Check.True(launcher.IsReady && launcher.Process != null, "launched by Awake");

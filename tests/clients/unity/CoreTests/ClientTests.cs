@@ -13,8 +13,10 @@ namespace Xlm.Sidecar.Tests
     public static class ClientTests
     {
         // Greedy on the tiny llama this prompt never emits end-of-generation (checked: 30000 tokens),
-        // so a long request is surely still running when a test cancels it.
+        // so a long request is surely still running when a test cancels it; pytest's daemon allows
+        // this many tokens (--max-tokens-per-request), which take seconds at that depth of context.
         const string Endless = "count";
+        const uint Long = 8000;
 
         public static void Register()
         {
@@ -92,14 +94,14 @@ namespace Xlm.Sidecar.Tests
             using (var cancel = new CancellationTokenSource())
             {
                 var tokens = 0;
-                var call = client.GenerateAsync(Greedy(Endless, 2000), chunk =>
+                var call = client.GenerateAsync(Greedy(Endless, Long), chunk =>
                 {
                     tokens += chunk.TokenIds.Length;
                     cancel.Cancel(); // from a handler on the main thread, as a game's "skip" button would
                 }, cancel.Token);
                 var e = await Check.Throws<OperationCanceledException>(() => call, "a cancelled reply");
                 Check.Equal(cancel.Token, e.CancellationToken, "the caller's token is the one reported");
-                Check.True(tokens > 0 && tokens < 2000, "it stopped early, after " + tokens + " tokens");
+                Check.True(tokens > 0 && tokens < Long, "it stopped early, after " + tokens + " tokens");
                 await WaitUntilIdle(client);
                 // The socket is still good for the next call.
                 var next = await client.GenerateAsync(Greedy("again", 4));
@@ -307,7 +309,7 @@ namespace Xlm.Sidecar.Tests
             using (var client = NewClient())
             {
                 var e = await Check.Throws<InvalidOperationException>(
-                    () => client.GenerateAsync(Greedy(Endless, 2000), chunk => { throw new InvalidOperationException("the UI is gone"); }),
+                    () => client.GenerateAsync(Greedy(Endless, Long), chunk => { throw new InvalidOperationException("the UI is gone"); }),
                     "a handler that throws");
                 Check.Equal("the UI is gone", e.Message, "the handler's own exception");
                 await WaitUntilIdle(client);
