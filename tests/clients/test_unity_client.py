@@ -229,6 +229,17 @@ def test_samples_compile_against_the_unityengine_stub(build: Build, tmp_path: Pa
              f"-r:{build.components}", f"-out:{tmp_path / 'Samples.dll'}", *map(str, samples))
 
 
+def test_the_readme_npc_example_compiles(build: Build, tmp_path: Path) -> None:
+    """The ten-line NPC example in clients/unity/README.md (its first C# block)."""
+    readme = (UNITY / "README.md").read_text()
+    example = readme.split("```csharp\n", 1)[1].split("```", 1)[0]
+    assert "class Blacksmith : MonoBehaviour" in example
+    source = tmp_path / "Blacksmith.cs"
+    source.write_text(example)
+    _compile("-target:library", "-r:System.dll", "-r:System.Core.dll", f"-r:{build.core}", f"-r:{build.unity_stub}",
+             f"-r:{build.components}", f"-out:{tmp_path / 'Example.dll'}", str(source))
+
+
 def test_every_csharp_test_is_run(build: Build) -> None:
     core = _run(build.core_tests, "--list").stdout.split()
     assert sorted(core) == sorted(CORE_OFFLINE + CORE_LIVE + CORE_VISION + CORE_LAUNCHER)
