@@ -231,7 +231,8 @@ def run(model: Path | None = None, via: str = "auto", n_streams: int = 8, tokens
         print(f"reload pause                 median {statistics.median(pauses):.0f} ms, p90 {percentile(pauses, 90):.0f} ms, "
               f"max {max(pauses):.0f} ms over {len(pauses)} reloads")
     else:
-        print("reload pause                 no reload happened (the streams ended before the first change?)")
+        print("reload pause                 no reload happened"
+              + (" (SetBudget never reloaded)" if result.get("budget_changes") else " (the streams ended before the first change)"))
     print(f"longest gap seen by a stream {', '.join(f'{g:.0f}' for g in result['max_gap_ms'])} ms (per round, {result['rounds']} rounds)")
     if result["problems"]:
         print("FAIL: " + "; ".join(result["problems"][:10]))
