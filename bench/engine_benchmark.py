@@ -120,6 +120,14 @@ def llama_decode(llm, tokens: int, nonce: int) -> tuple[float, float]:
     return ((n - 1) / (last - first) if n > 1 else 0.0), ((first or time.perf_counter()) - started) * 1e3
 
 
+def thread_choices() -> list[int]:
+    """Thread counts a person tuning by hand would try: one, one per physical core, one per
+    hardware thread."""
+    import psutil
+
+    return sorted({1, psutil.cpu_count(logical=False) or 1, psutil.cpu_count() or os.cpu_count() or 1})
+
+
 def _runs(fn, repeats: int) -> tuple[list[float], list[float]]:
     pairs = [fn(i) for i in range(repeats)]
     return [p[0] for p in pairs], [p[1] for p in pairs]
@@ -145,7 +153,7 @@ def scenario_single(model: Path, args, results: dict) -> None:
     rows["Llama() defaults"], ttft["Llama() defaults"] = _runs(lambda i: llama_decode(llm, tokens, i), args.repeats)
     del llm
     best_name, best, best_ttft = None, [], []
-    for threads in sorted({1, os.cpu_count() or 1}):
+    for threads in thread_choices():
         for flash in (False, True):
             llm = Llama(model_path=str(model), n_threads=threads, n_threads_batch=threads, flash_attn=flash, n_ctx=2048, verbose=False)
             llama_decode(llm, 8, -1)
@@ -157,7 +165,7 @@ def scenario_single(model: Path, args, results: dict) -> None:
     ttft[f"Llama() hand-tuned ({best_name})"] = best_ttft
     bench_bin = peers.find_llama_binary("llama-bench", args.llama_bin and args.llama_bin / "llama-bench")
     if bench_bin:
-        tg = peers.llama_bench_tg(bench_bin, model, sorted({1, os.cpu_count() or 1}), tokens, args.repeats)
+        tg = peers.llama_bench_tg(bench_bin, model, thread_choices(), tokens, args.repeats)
         t_best = max(tg, key=tg.get)
         rows[f"llama-bench tg{tokens} (t={t_best})"] = [tg[t_best]]
     else:
