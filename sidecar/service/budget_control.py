@@ -128,7 +128,8 @@ class BudgetControl:
             log.warning("llama.cpp took more VRAM than planned; planning again with less",
                         granted=granted.vram_bytes, measured=measured, planned=self.engine.config.planned_vram_bytes,
                         next_budget=smaller.vram_bytes)
-            done, ms = await asyncio.wrap_future(self.engine.reload(self._plan(smaller)))
+            config = await asyncio.to_thread(self._plan, smaller)
+            done, ms = await asyncio.wrap_future(self.engine.reload(config))
             planned_for, reloaded, pause_ms = smaller, reloaded or done, pause_ms + ms
         return reloaded, pause_ms
 
@@ -141,8 +142,9 @@ class BudgetControl:
         async with self._lock:
             threads = self.budget.max_cpu_threads if max_cpu_threads is None else max_cpu_threads
             budget = Budget(vram_bytes=vram_bytes, max_cpu_threads=threads)
-            config = self._plan(budget)
             started = time.perf_counter()
+            # Planning searches every tier's placements: off the event loop, or every stream stalls.
+            config = await asyncio.to_thread(self._plan, budget)
             reloaded, pause_ms = await asyncio.wrap_future(self.engine.reload(config))
             if reloaded:
                 _, extra_ms = await self._fit_to_measured(budget)
