@@ -17,7 +17,7 @@ import structlog
 from sidecar.api import pb
 from sidecar.budget import Budget, parse_size
 from sidecar.engine import Engine, Finished, TextDelta
-from sidecar.errors import SidecarError, Unavailable, Unimplemented
+from sidecar.errors import ResourceExhausted, SidecarError, Unavailable, Unimplemented
 from sidecar.service import convert
 from sidecar.service.budget_control import BudgetControl, check_thread_cap
 from sidecar.service.collector import StreamCollector
@@ -54,6 +54,11 @@ class SidecarService:
         """Stream a generation. Stopping iteration early (client gone) cancels the engine job."""
         if self.draining:
             raise Unavailable("the daemon is shutting down")
+        # The transports admit messages up to the largest image; everything but AskImage keeps
+        # to --max-message-bytes, with the code gRPC itself gives an oversized message.
+        size = request.ByteSize()
+        if size > self.info.max_message_bytes:
+            raise ResourceExhausted(f"the request is {size} bytes; the limit is {self.info.max_message_bytes} (--max-message-bytes)")
         async for chunk in self._stream(convert.generation_spec_from_pb(request)):
             yield chunk
 
