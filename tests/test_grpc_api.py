@@ -206,3 +206,15 @@ def test_watch_state_sends_the_current_state_first(client) -> None:
     first = next(events)
     events.close()
     assert first.phase == pb.ENGINE_PHASE_READY and first.reason == "initial"
+
+
+def test_a_repeated_one_off_prompt_lands_where_its_prefix_is_cached(client) -> None:
+    a = pb.GenerateRequest(prompt="The innkeeper of the Prancing Pony greets the travellers and says",
+                           max_tokens=4, sampling=GREEDY)
+    other = pb.GenerateRequest(prompt="A completely different and much longer story begins here: " * 6,
+                               max_tokens=4, sampling=GREEDY)
+    first = client.complete(a)
+    client.complete(other)  # leaves a longer cache in another sequence
+    again = client.complete(a)
+    assert again.final.usage.cached_prompt_tokens == first.final.usage.prompt_tokens - 1
+    assert again.token_ids == first.token_ids

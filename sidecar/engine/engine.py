@@ -292,10 +292,23 @@ class Engine:
         # Prefer a sequence no live session needs, then the least recently used session's.
         unowned = [s for s in free if s.session_id is None or self.sessions.get(s.session_id) is None]
         if unowned:
-            return max(unowned, key=lambda s: (_shared_prefix_hint(s, job), -s.last_used))
+            return max(unowned, key=lambda s: (self._reusable_prefix(s, job), -s.last_used))
         victim = min(free, key=lambda s: s.last_used)
         self._evict(victim)
         return victim
+
+    def _reusable_prefix(self, slot: Slot, job: Job) -> int:
+        """Tokens of a one-off request's prompt that `slot` already holds: NPCs sharing a system
+        prompt, or a game repeating a request, land where their prefix is cached."""
+        if slot.session_id is not None or not slot.cached or job.spec.session_id or job.spec.asks_about_image:
+            return 0
+        if job.prompt_tokens is None:
+            try:
+                _, text = self._assemble(job.spec, None)
+            except SidecarError:
+                return 0  # _start reports it
+            job.prompt_tokens = self.model.tokenize(text, add_bos=True, parse_special=True)
+        return _common_prefix(slot.cached, job.prompt_tokens)
 
     def _evict(self, slot: Slot) -> None:
         """Move the sequence's session to host memory and free the sequence."""
@@ -321,7 +334,10 @@ class Engine:
         new_image = self._encode_image(spec, session)
         conversation, prompt_text = self._assemble(spec, session)
         images = list(session.images if session is not None else []) + ([new_image] if new_image else [])
-        tokens, spans = self._tokenize_with_images(prompt_text, images)
+        if job.prompt_tokens is not None and session is None and not images:
+            tokens, spans = job.prompt_tokens, {}  # tokenized while choosing its sequence
+        else:
+            tokens, spans = self._tokenize_with_images(prompt_text, images)
         if len(tokens) > self.config.max_prompt_tokens:
             raise InvalidArgument(
                 f"the prompt is {len(tokens)} tokens; the limit is {self.config.max_prompt_tokens} (--max-prompt-tokens)"
@@ -597,12 +613,6 @@ def _common_prefix(cached: list[int], tokens: list[int]) -> int:
     while n < limit and cached[n] == tokens[n]:
         n += 1
     return n
-
-
-def _shared_prefix_hint(slot: Slot, job: Job) -> int:
-    # Cheap stand-in for "how much of this request's prompt the slot already holds": a one-off
-    # request with the same system prompt as the last one lands where that prompt is cached.
-    return len(slot.cached) if slot.session_id is None and not job.spec.session_id else 0
 
 
 def _cancelled_before_start(job: Job) -> Finished:

@@ -132,6 +132,9 @@ class Job:
     sink: Sink
     submitted_at: float = field(default_factory=time.perf_counter)
     cancel_event: threading.Event = field(default_factory=threading.Event)
+    # The prompt's tokens, once the engine has tokenized it (to pick the sequence that already
+    # holds the longest prefix of it); engine thread only.
+    prompt_tokens: list[int] | None = None
 
     def cancel(self) -> None:
         """Ask the engine to stop this request; it ends within one step with reason CANCELLED."""
