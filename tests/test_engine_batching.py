@@ -145,3 +145,19 @@ def test_a_change_of_threads_only_needs_no_reload(engine: Engine) -> None:
     s = Stream()
     engine.submit(chat("Name a color.", max_tokens=4), s)
     assert s.result().usage.completion_tokens >= 1
+
+
+def test_a_reload_its_caller_gave_up_on_is_skipped_and_the_engine_goes_on(engine: Engine) -> None:
+    from dataclasses import replace
+
+    # Queue work first, so the engine is busy when the reload request (cancelled at once) arrives.
+    s = Stream()
+    engine.submit(chat("Count to five.", max_tokens=24), s)
+    before = engine.config
+    abandoned = engine.reload(replace(engine.config, threads_decode=1, tier_threads=((1, 1), (256, 1))))
+    abandoned.cancel()  # what asyncio.wrap_future does when the game cancels SetBudget
+    assert s.result().usage.completion_tokens >= 1
+    assert engine.reload(before).result(30) == (False, 0.0)  # the engine thread is alive
+    after = Stream()
+    engine.submit(chat("Name a color.", max_tokens=4), after)
+    assert after.result().usage.completion_tokens >= 1

@@ -228,7 +228,15 @@ class Engine:
                 self._waiting.append(item)
                 continue  # gather everything that arrived before composing the next pass
             if isinstance(item, _Reload):
-                self._reload(item)
+                # The caller may have given up (a SetBudget call cancelled by the game): then the
+                # change is not applied, and the future can no longer take a result.
+                if item.done.set_running_or_notify_cancel():
+                    try:
+                        self._reload(item)
+                    except Exception as e:  # the engine thread must outlive any one reload
+                        log.exception("reload failed")
+                        if not item.done.done():
+                            item.done.set_exception(EngineFailure(f"reload failed: {type(e).__name__}: {e}"))
                 continue
             self._admit()
             if any(s.busy for s in self._slots):
@@ -251,7 +259,7 @@ class Engine:
                 break
             if isinstance(item, Job):
                 item.sink(Unavailable("the daemon is shutting down"))
-            elif isinstance(item, _Reload):
+            elif isinstance(item, _Reload) and item.done.set_running_or_notify_cancel():
                 item.done.set_exception(Unavailable("the daemon is shutting down"))
 
     # -- admission ----------------------------------------------------------------------------------
