@@ -110,12 +110,14 @@ class SidecarService:
             vram = parse_size(request.vram_size)  # INVALID_ARGUMENT before anything else
         if control is None:
             raise Unimplemented("this daemon was started without budget control")
+        # Shielded: a game that asked for its VRAM back and then dropped the call (a scene load
+        # with a deadline) still gets it back, and the budget we report stays the one in force.
         if which == "auto_reserve_bytes":
-            change = await control.follow_free_vram(request.auto_reserve_bytes, threads)
+            change = await asyncio.shield(control.follow_free_vram(request.auto_reserve_bytes, threads))
         elif which in ("vram_size", "vram_bytes"):
-            change = await control.set(vram if which == "vram_size" else request.vram_bytes, threads)
+            change = await asyncio.shield(control.set(vram if which == "vram_size" else request.vram_bytes, threads))
         else:  # only the thread cap changes
-            change = await control.set(control.budget.vram_bytes, threads)
+            change = await asyncio.shield(control.set(control.budget.vram_bytes, threads))
         self.budget = change.budget
         return pb.SetBudgetResponse(
             budget=convert.budget_to_pb(change.budget),
