@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import threading
 
+from sidecar.engine import TextDelta
+
 
 class StreamCollector:
     """One per request. `put` from any thread; `next_batch` from the owning event loop."""
@@ -22,12 +24,17 @@ class StreamCollector:
         self._waiter: asyncio.Future[None] | None = None
         # True while the consumer is sure to look again (busy, or a wake-up is on its way).
         self._consumer_will_look = True
+        self._ended = False  # the stream's last event (Finished or an error) has been put
+        self._pause: asyncio.Future[None] | None = None
 
     def put(self, item: object) -> None:
         """Add an event. Never blocks; safe after the loop has closed (the event is dropped)."""
+        last = not isinstance(item, TextDelta)
         with self._lock:
             self._items.append(item)
-            if self._consumer_will_look:
+            if last:
+                self._ended = True  # always wake: a pause between chunks must not delay the end
+            elif self._consumer_will_look:
                 return
             self._consumer_will_look = True
         try:
@@ -36,8 +43,22 @@ class StreamCollector:
             pass
 
     def _wake(self) -> None:
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
+        for future in (self._waiter, self._pause):
+            if future is not None and not future.done():
+                future.set_result(None)
+
+    async def pause(self, seconds: float) -> None:
+        """Let tokens gather for up to `seconds`; return at once when the stream's end arrives,
+        so frame pacing never holds back the last chunk."""
+        with self._lock:
+            if self._ended:
+                return
+            self._pause = pause = self._loop.create_future()
+        timer = self._loop.call_later(seconds, lambda: pause.done() or pause.set_result(None))
+        try:
+            await pause
+        finally:
+            timer.cancel()
 
     async def next_batch(self) -> list[object]:
         """Every event put since the last call, in order; waits until there is at least one."""

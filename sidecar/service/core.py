@@ -93,7 +93,7 @@ class SidecarService:
                         # Tokens of the next interval gather in the collector without waking us:
                         # one chunk per frame is all a game can show, and each wake-up steals
                         # CPU from decoding on a machine whose cores are all busy.
-                        await asyncio.sleep(self.info.stream_interval_s)
+                        await collector.pause(self.info.stream_interval_s)
                 if isinstance(end, Finished):
                     yield convert.chunk_from_finished(end)
                     return
