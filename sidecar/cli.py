@@ -42,7 +42,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-prompt-tokens", type=int, help="longest prompt accepted, in tokens (default: three quarters of --ctx)")
     p.add_argument("--max-tokens-per-request", type=int, help="largest max_tokens accepted (default 2048)")
     p.add_argument("--max-message-bytes", type=int, help="largest gRPC message (default 8 MiB)")
-    p.add_argument("--stream-interval-ms", type=float, help="least time between two chunks of a stream (default 16, one frame)")
+    p.add_argument("--stream-interval-ms", type=float, help="least time between two chunks of a stream (default 33: 30 updates a second)")
     # Transports, auth and lifecycle (sidecar.service.transports, sidecar.lifecycle).
     p.add_argument("--socket", type=Path, help="serve gRPC on this Unix socket (owner-only) instead of TCP")
     p.add_argument("--ws-port", type=int, help="WebSocket bridge port (default --port + 1; 0 picks a free one; -1 disables it)")

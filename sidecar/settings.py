@@ -42,7 +42,7 @@ class Settings(BaseSettings):
     max_prompt_tokens: int = Field(0, ge=0, description="longest prompt in tokens; 0 = three quarters of --ctx")
     max_tokens_per_request: int = Field(2048, ge=1)
     max_message_bytes: int = Field(8 << 20, ge=1024, le=1 << 30)
-    stream_interval_ms: float = Field(16.0, ge=0, le=1000, description="least time between two chunks of a stream")
+    stream_interval_ms: float = Field(33.0, ge=0, le=1000, description="least time between two chunks of a stream")
     log_format: Literal["auto", "console", "json"] = "auto"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     # Transport and lifecycle (sidecar.service.transports, sidecar.lifecycle).

@@ -32,7 +32,7 @@ class ServiceInfo:
     listen_addresses: tuple[str, ...]
     max_message_bytes: int
     # Least time between two text chunks of one stream; 0 sends every token as it comes.
-    stream_interval_s: float = 0.016
+    stream_interval_s: float = 0.033
     max_image_bytes: int = 32 << 20
 
 
