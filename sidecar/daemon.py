@@ -41,8 +41,9 @@ async def _serve(settings: Settings, lifecycle: DaemonLifecycle, ready: asyncio.
         return
     budget = settings.budget_value
     check_gguf_file(settings.model or default_model_path())  # a wrong path fails before any profiling
-    projector = await asyncio.to_thread(load_projector, settings)  # a mismatched pair fails before profiling
-    inputs = await asyncio.to_thread(load_plan_inputs, settings)
+    # A mismatched pair fails before profiling.
+    projector, text_model = await asyncio.to_thread(load_projector, settings)
+    inputs = await asyncio.to_thread(load_plan_inputs, settings, text_model)
     config = engine_config(settings, budget, inputs, projector)
     stop = lifecycle.stop  # set by SIGINT/SIGTERM and by the parent's death
     log.info("loading model", path=str(config.model_path), budget=budget.describe())
@@ -88,6 +89,4 @@ def _describe_vision(config) -> str:
     v = config.vision
     if v is None:
         return "off"
-    where = "GPU" if v.use_gpu else "CPU"
-    mode = "loaded per image (VLMOpt)" if not v.resident else "resident"
-    return f"{v.projector_path.name} on the {where}, {mode}, flash attention {'on' if v.flash_attention else 'off'}"
+    return f"{v.projector_path.name}: {v.placement}, flash attention {'on' if v.flash_attention else 'off'}"

@@ -36,8 +36,9 @@ class PlanInputs:
     hardware: object  # sidecar.planner.HardwareModel
 
 
-def load_plan_inputs(settings: Settings) -> PlanInputs | None:
-    """The model header and this machine's profile, or None when planning is off (--profile off)
+def load_plan_inputs(settings: Settings, model=None) -> PlanInputs | None:
+    """The model header (read here unless `model` already holds it: reading a GGUF header takes
+    a second or two) and this machine's profile, or None when planning is off (--profile off)
     or impossible (then the daemon runs the CPU plan and says why)."""
     if settings.profile == "off":
         return None
@@ -52,17 +53,18 @@ def load_plan_inputs(settings: Settings) -> PlanInputs | None:
                 log.info("measured this machine once (quick profile); `xlm-sidecar profile` makes a full one")
         else:
             db = load_profile(Path(settings.profile))
-        return PlanInputs(inspect_gguf(settings.model or default_model_path()), hardware_from_profile(db))
+        return PlanInputs(model or inspect_gguf(settings.model or default_model_path()), hardware_from_profile(db))
     except Exception as e:  # a planner problem must not keep the game's NPCs silent
         log.warning("planning unavailable; running the CPU plan", reason=f"{type(e).__name__}: {e}")
         return None
 
 
 def load_projector(settings: Settings):
-    """The --mmproj file's header (a ModelInfo with `vision`), checked against the text model, or
-    None without --mmproj. ModelLoadError when it is not a projector or does not pair."""
+    """(projector, text model): the --mmproj file's header (a ModelInfo with `vision`), checked
+    against the text model's, whose header comes back for the planner; (None, None) without
+    --mmproj. ModelLoadError when it is not a projector or does not pair."""
     if settings.mmproj is None:
-        return None
+        return None, None
     from sidecar.model_info import inspect_gguf
     from sidecar.model_info.gguf_reader import GgufReadError
 
@@ -82,7 +84,7 @@ def load_projector(settings: Settings):
             f"the projector {path.name} makes {width}-wide image embeddings but {text.name} takes "
             f"{text.n_embd}-wide ones: they are not a pair (use the mmproj file made for this model)"
         )
-    return projector
+    return projector, text
 
 
 def engine_config(

@@ -30,18 +30,8 @@ from sidecar.engine.native_context import NativeContext
 from sidecar.engine.native_log import install_native_log_filter
 from sidecar.engine.native_model import ModelFacts, NativeModel
 from sidecar.engine.phase import EnginePhase
-from sidecar.engine.requests import (
-    IMAGE_MARKER,
-    Finished,
-    FinishReason,
-    GenerationSpec,
-    ImageReport,
-    Job,
-    Sink,
-    TextDelta,
-    Timings,
-    Usage,
-)
+from sidecar.engine.image_prompt import image_report, tokenize_with_images, whole_images_prefix
+from sidecar.engine.requests import Finished, FinishReason, GenerationSpec, Job, Sink, TextDelta, Timings, Usage
 from sidecar.engine.sampling import SamplerChain
 from sidecar.engine.sessions import Session, SessionStore, SessionView
 from sidecar.engine.slot import ActiveRequest, Slot
@@ -315,7 +305,7 @@ class Engine:
                 _, text = self._assemble(job.spec, None)
             except SidecarError:
                 return 0  # _start reports it
-            job.prompt_tokens = self.model.tokenize(text, add_bos=True, parse_special=True)
+            job.prompt_tokens, _ = tokenize_with_images(self.model.tokenize, text, [])
         return _common_prefix(slot.cached, job.prompt_tokens)
 
     def _evict(self, slot: Slot) -> None:
@@ -345,17 +335,14 @@ class Engine:
         if job.prompt_tokens is not None and session is None and not images:
             tokens, spans = job.prompt_tokens, {}  # tokenized while choosing its sequence
         else:
-            tokens, spans = self._tokenize_with_images(prompt_text, images)
+            tokens, spans = tokenize_with_images(self.model.tokenize, prompt_text, images)
         if len(tokens) > self.config.max_prompt_tokens:
             raise InvalidArgument(
                 f"the prompt is {len(tokens)} tokens; the limit is {self.config.max_prompt_tokens} (--max-prompt-tokens)"
             )
         if slot.session_id != spec.session_id or not spec.session_id:
             self._bind(slot, session)
-        common = _common_prefix(slot.cached, tokens)
-        for start, image in spans.items():  # never keep half an image
-            if start < common < start + image.n_tokens:
-                common = start
+        common = whole_images_prefix(_common_prefix(slot.cached, tokens), spans)
         if not self._ctx.truncate(slot.seq, common):
             self._ctx.clear(slot.seq)
             common = 0
@@ -375,15 +362,7 @@ class Engine:
             new_image=new_image,
         )
         if spec.asks_about_image:
-            image = new_image or images[-1]
-            slot.active.image_report = ImageReport(
-                original_size=image.original_size,
-                encoded_size=image.encoded_size,
-                downscaled=image.downscaled,
-                image_tokens=image.n_tokens,
-                encode_ms=image.encode_ms if new_image else 0.0,
-                reused=new_image is None,
-            )
+            slot.active.image_report = image_report(new_image or images[-1], encoded_now=new_image is not None)
 
     def _encode_image(self, spec: GenerationSpec, session: Session | None) -> EncodedImage | None:
         """Encode the request's image now (the vision phase runs alone: VLMOpt's no-overlap rule),
@@ -397,19 +376,6 @@ class Engine:
                 raise InvalidArgument("no image: send one, or ask a follow-up in a session that has one")
             return None
         return self.encoder.encode(spec.image)
-
-    def _tokenize_with_images(self, prompt_text: str, images: list[EncodedImage]) -> tuple[list[int], dict[int, EncodedImage]]:
-        """The prompt's tokens with each image marker replaced by its image's span."""
-        pieces = prompt_text.split(IMAGE_MARKER)
-        if len(pieces) - 1 != len(images):
-            raise InvalidArgument(f"message text may not contain {IMAGE_MARKER!r}; it stands for images")
-        tokens = self.model.tokenize(pieces[0], add_bos=True, parse_special=True)
-        spans: dict[int, EncodedImage] = {}
-        for image, piece in zip(images, pieces[1:]):
-            spans[len(tokens) + len(image.prefix_tokens)] = image
-            tokens.extend(image.span)
-            tokens.extend(self.model.tokenize(piece, add_bos=False, parse_special=True))
-        return tokens, spans
 
     def _bind(self, slot: Slot, session: Session | None) -> None:
         """Make `slot` hold `session`'s cache (restored from host memory if it was evicted), or

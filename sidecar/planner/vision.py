@@ -193,7 +193,8 @@ def plan_vision(
     max_side = 0
     if dynamic and max_tokens:
         p = max(1, v.patch_size) * merge_factor(v)
-        max_side = int(math.sqrt(max_tokens * (w / h))) * p if w >= h else int(math.sqrt(max_tokens * (h / w))) * p
+        # The longer side of a max_tokens-token image with the largest image's aspect ratio.
+        max_side = int(math.sqrt(max_tokens * max(w, h) / min(w, h))) * p
     elif not dynamic:
         # A fixed-grid encoder resizes everything to image_size; decoding a bigger image first is waste.
         max_side = 4 * v.image_size if v.image_size else 0

@@ -43,6 +43,15 @@ def sampling_from_pb(s: pb.SamplingParams) -> SamplingConfig:
     return SamplingConfig(**values)
 
 
+def stop_strings(stop) -> tuple[str, ...]:
+    stops = tuple(stop)
+    if len(stops) > MAX_STOP_STRINGS:
+        raise InvalidArgument(f"at most {MAX_STOP_STRINGS} stop strings")
+    if any(not s or len(s) > MAX_STOP_LENGTH for s in stops):
+        raise InvalidArgument(f"stop strings must be 1 to {MAX_STOP_LENGTH} characters")
+    return stops
+
+
 def generation_spec_from_pb(r: pb.GenerateRequest) -> GenerationSpec:
     """A validated GenerationSpec, or InvalidArgument naming the field that is wrong."""
     which = r.WhichOneof("input")
@@ -52,11 +61,7 @@ def generation_spec_from_pb(r: pb.GenerateRequest) -> GenerationSpec:
         prompt = Prompt(text=r.prompt)
     else:
         raise InvalidArgument("give either messages or prompt")
-    stops = tuple(r.stop)
-    if len(stops) > MAX_STOP_STRINGS:
-        raise InvalidArgument(f"at most {MAX_STOP_STRINGS} stop strings")
-    if any(not s or len(s) > MAX_STOP_LENGTH for s in stops):
-        raise InvalidArgument(f"stop strings must be 1 to {MAX_STOP_LENGTH} characters")
+    stops = stop_strings(r.stop)
     if r.reset_session and not r.session_id:
         raise InvalidArgument("reset_session needs a session_id")
     return GenerationSpec(
@@ -101,9 +106,7 @@ def image_spec_from_pb(r: pb.AskImageRequest, max_image_bytes: int) -> Generatio
         if not r.session_id:
             raise InvalidArgument("no image: send one (encoded or raw), or ask a follow-up with the session_id of an earlier image")
     content = f"{IMAGE_MARKER}\n{question}" if image is not None else question
-    stops = tuple(r.stop)
-    if len(stops) > MAX_STOP_STRINGS or any(not s or len(s) > MAX_STOP_LENGTH for s in stops):
-        raise InvalidArgument(f"at most {MAX_STOP_STRINGS} stop strings of 1 to {MAX_STOP_LENGTH} characters")
+    stops = stop_strings(r.stop)
     return GenerationSpec(
         prompt=Prompt(messages=(("user", content),)),
         sampling=sampling_from_pb(r.sampling),
@@ -239,13 +242,11 @@ def vision_status_to_pb(snap: EngineSnapshot) -> pb.VisionStatus:
     v = snap.config.vision
     if v is None:
         return pb.VisionStatus(available=False)
-    where = "gpu" if v.use_gpu else "cpu"
-    placement = (where + "_resident") if v.resident else ("gpu_streamed" if v.use_gpu else "cpu")
     stats = snap.vision
     return pb.VisionStatus(
         available=True,
         projector_path=str(v.projector_path),
-        placement=placement,
+        placement=v.placement,
         vlmopt=not v.resident,
         flash_attention=v.flash_attention,
         image_max_tokens=v.image_max_tokens,

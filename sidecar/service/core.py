@@ -113,11 +113,12 @@ class SidecarService:
         # Shielded: a game that asked for its VRAM back and then dropped the call (a scene load
         # with a deadline) still gets it back, and the budget we report stays the one in force.
         if which == "auto_reserve_bytes":
-            change = await asyncio.shield(control.follow_free_vram(request.auto_reserve_bytes, threads))
+            update = control.follow_free_vram(request.auto_reserve_bytes, threads)
         elif which in ("vram_size", "vram_bytes"):
-            change = await asyncio.shield(control.set(vram if which == "vram_size" else request.vram_bytes, threads))
+            update = control.set(vram if which == "vram_size" else request.vram_bytes, threads)
         else:  # only the thread cap changes
-            change = await asyncio.shield(control.set(control.budget.vram_bytes, threads))
+            update = control.set(control.budget.vram_bytes, threads)
+        change = await asyncio.shield(update)
         self.budget = change.budget
         return pb.SetBudgetResponse(
             budget=convert.budget_to_pb(change.budget),

@@ -200,13 +200,12 @@ class VisionEncoder:
         if embeddings is None:
             raise EngineFailure("libmtmd produced no image chunk")
         if self._image_size:
-            encoded_size = (self._image_size, self._image_size)
+            # Fixed-grid projectors resize every image by design; only a budget's cap "downscales".
+            encoded_size, downscaled = (self._image_size, self._image_size), False
         else:
             encoded_size = (grid[0] * self._patch_px, grid[1] * self._patch_px)
-        # Only a budget-imposed cap counts as "downscaled": fixed-grid projectors always resize.
-        downscaled = (image.width, image.height) != original or (
-            bool(self.settings.image_max_tokens) and not self._image_size and encoded_size[0] < image.width * 0.95
-        )
+            capped = bool(self.settings.image_max_tokens) and encoded_size[0] < image.width * 0.95
+            downscaled = (image.width, image.height) != original or capped
         return EncodedImage(
             image_id=image_id,
             sentinel=sentinel,
@@ -216,7 +215,7 @@ class VisionEncoder:
             non_causal=non_causal,
             original_size=original,
             encoded_size=encoded_size,
-            downscaled=downscaled and not self._image_size,
+            downscaled=downscaled,
             encode_ms=encode_ms,
             load_ms=load_ms,
         )

@@ -21,3 +21,10 @@ class EncoderSettings:
     # dynamic ones cover `patch_px` pixels per side with one output token.
     fixed_image_size: int = 0
     patch_px: int = 0
+
+    @property
+    def placement(self) -> str:
+        """"gpu_streamed" (VLMOpt on a GPU), "gpu_resident", "cpu" (VLMOpt) or "cpu_resident"."""
+        if self.resident:
+            return "gpu_resident" if self.use_gpu else "cpu_resident"
+        return "gpu_streamed" if self.use_gpu else "cpu"
