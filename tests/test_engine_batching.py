@@ -161,3 +161,39 @@ def test_a_reload_its_caller_gave_up_on_is_skipped_and_the_engine_goes_on(engine
     after = Stream()
     engine.submit(chat("Name a color.", max_tokens=4), after)
     assert after.result().usage.completion_tokens >= 1
+
+
+def test_a_gap_left_by_a_finished_reply_is_closed_and_the_moved_reply_reads_on(engine: Engine) -> None:
+    # Three replies start in sequences 0, 1, 2; the first ends after 3 tokens, so the one in
+    # sequence 2 moves down into sequence 0 (llama.cpp batches only consecutive sequence ids).
+    long_q, other_q = "Count from one to twenty in words.", "List the days of the week."
+    alone = Stream()
+    engine.submit(chat(long_q, max_tokens=40), alone)
+    alone.result()
+    moves = engine.stats.sequence_moves
+    short, other, moved = Stream(), Stream(), Stream()
+    engine.submit(chat("Name a fruit.", max_tokens=3), short)
+    engine.submit(chat(other_q, max_tokens=40), other)
+    engine.submit(chat(long_q, max_tokens=40), moved)
+    for s in (short, other, moved):
+        s.result()
+    assert engine.stats.sequence_moves > moves
+    # The moved sequence kept its cache: it goes on exactly as it would alone.
+    assert moved.tokens == alone.tokens
+    assert moved.result().reason == FinishReason.LENGTH
+
+
+def test_an_idle_session_moved_out_of_the_way_keeps_its_cache(engine: Engine) -> None:
+    # The session's turn 1 ends in sequence 0 while a long reply runs in sequence 1: the long
+    # reply moves down and the session's cache moves up, not out.
+    moves = engine.stats.sequence_moves
+    turn1, long = Stream(), Stream()
+    engine.submit(chat("My name is Edda. Greet me.", session_id="edda", max_tokens=4), turn1)
+    engine.submit(chat("Count from one to twenty in words.", max_tokens=40), long)
+    first = turn1.result()
+    long.result()
+    assert engine.stats.sequence_moves > moves
+    turn2 = Stream()
+    engine.submit(chat("What is my name?", session_id="edda", max_tokens=8), turn2)
+    assert turn2.result().usage.cached_prompt_tokens >= first.usage.prompt_tokens
+    engine.end_session("edda")

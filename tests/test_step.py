@@ -3,19 +3,31 @@
 from sidecar.engine.step import SequenceDemand, plan_step, threads_for
 
 
-def test_decode_tokens_go_first_and_prompts_fill_the_rest() -> None:
+def test_decode_tokens_are_chosen_first_and_prompts_fill_the_rest() -> None:
     demands = [
         SequenceDemand(seq=0, tokens=tuple(range(100, 110)), start_pos=0, decoding=False),
         SequenceDemand(seq=1, tokens=(7,), start_pos=42, decoding=True),
         SequenceDemand(seq=2, tokens=(8,), start_pos=5, decoding=True),
     ]
     plan = plan_step(demands, n_batch=6)
-    assert [(e.seq, e.pos) for e in plan.entries[:2]] == [(1, 42), (2, 5)]
     assert plan.n_tokens == 6
     assert dict(plan.fed) == {1: 1, 2: 1, 0: 4}
+    # Entries go out by sequence id: the cut prompt of sequence 0, then the two decoders.
+    assert [(e.seq, e.pos) for e in plan.entries] == [(0, 0), (0, 1), (0, 2), (0, 3), (1, 42), (2, 5)]
     # The prompt is cut, so it asks for no logits yet; the decoding sequences do.
-    assert dict(plan.logits_at) == {1: 0, 2: 1}
-    assert [e.logits for e in plan.entries] == [True, True, False, False, False, False]
+    assert dict(plan.logits_at) == {1: 4, 2: 5}
+    assert [e.logits for e in plan.entries] == [False, False, False, False, True, True]
+
+
+def test_entries_run_in_sequence_order_so_llama_cpp_keeps_them_in_one_micro_batch() -> None:
+    # llama.cpp's split for per-sequence KV streams takes consecutive sequence ids in batch order;
+    # a prompt between decoders must not break the run.
+    demands = [SequenceDemand(4, (40,), 9, True), SequenceDemand(6, (60,), 9, True),
+               SequenceDemand(5, (1, 2), 0, False), SequenceDemand(3, (30,), 9, True)]
+    plan = plan_step(demands, n_batch=512)
+    assert [e.seq for e in plan.entries] == [3, 4, 5, 5, 6]
+    assert plan.logits_at == ((3, 0), (4, 1), (5, 3), (6, 4))
+    assert all(plan.entries[i].logits for _, i in plan.logits_at)
 
 
 def test_a_prompt_that_ends_in_this_pass_asks_for_its_last_logits() -> None:

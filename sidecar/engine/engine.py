@@ -287,10 +287,11 @@ class Engine:
             home = next((s for s in free if s.session_id == sid), None)
             if home is not None:
                 return home
-        # Prefer a sequence no live session needs, then the least recently used session's.
+        # Prefer a sequence no live session needs, then the least recently used session's. Among
+        # equals the lowest id, so generating sequences stay packed (see _pack).
         unowned = [s for s in free if s.session_id is None or self.sessions.get(s.session_id) is None]
         if unowned:
-            return max(unowned, key=lambda s: (self._reusable_prefix(s, job), -s.last_used))
+            return max(unowned, key=lambda s: (self._reusable_prefix(s, job), -s.seq))
         victim = min(free, key=lambda s: s.last_used)
         self._evict(victim)
         return victim
@@ -428,6 +429,7 @@ class Engine:
         for slot in self._slots:
             if slot.active is not None and slot.active.job.cancelled:
                 self._finish(slot, FinishReason.CANCELLED)
+        self._pack()
         for slot in self._slots:
             if slot.active is not None and slot.active.next_image_start() == slot.active.fed:
                 self._feed_image(slot)
@@ -458,6 +460,45 @@ class Engine:
         now = time.perf_counter()
         for seq, index in plan.logits_at:
             self._sample(by_seq[seq], index, now)
+
+    def _pack(self) -> None:
+        """Move generating sequences down into the gaps below them, so they hold ids 0..n-1.
+
+        Without a unified KV cache llama.cpp puts only consecutive sequence ids into one
+        micro-batch (llama_batch_allocr::split_equal, sequential), so every gap costs one more
+        pass over the weights per step. SmolLM2, 16 streams, 2 cores: 376 tokens/s packed, 277
+        with one gap, 170 spread over 64 sequences. A move copies the used cells only (a few MB
+        for a short conversation), once per gap, where a gap costs every step.
+        """
+        n_active = sum(1 for s in self._slots if s.busy)
+        gaps = [s for s in self._slots[:n_active] if not s.busy]
+        if not gaps:
+            return
+        movers = [s for s in self._slots[n_active:] if s.busy]
+        for low, high in zip(gaps, movers):
+            self._swap(low, high)
+
+    def _swap(self, low: Slot, high: Slot) -> None:
+        """Exchange an idle slot's cache and a generating one's. What the idle slot held moves up
+        rather than out: an idle session's turns, or a one-off prompt the next request may share."""
+        keep = bool(low.cached)
+        moving = self._ctx.save(high.seq) if high.cached else None
+        parked = self._ctx.save(low.seq) if keep else None
+        self._ctx.clear(low.seq)
+        self._ctx.clear(high.seq)
+        if moving is not None:
+            self._ctx.restore(low.seq, moving)
+        if parked is not None:
+            self._ctx.restore(high.seq, parked)
+        low.cached, high.cached = high.cached, (low.cached if keep else [])
+        low.session_id, high.session_id = high.session_id, (low.session_id if keep else None)
+        low.active, high.active = high.active, None
+        low.last_used, high.last_used = high.last_used, low.last_used
+        for slot in (low, high):
+            session = self.sessions.get(slot.session_id) if slot.session_id else None
+            if session is not None:
+                session.seq = slot.seq
+        self.stats.record_move()
 
     def _demand(self, slot: Slot) -> SequenceDemand:
         a = slot.active

@@ -149,7 +149,8 @@ class NativeContext:
         size = llama_cpp.llama_state_seq_get_size(self.ptr, seq)
         buf = (ctypes.c_uint8 * size)()
         written = llama_cpp.llama_state_seq_get_data(self.ptr, buf, size, seq)
-        return bytes(buf[:written])
+        # string_at is one memcpy; slicing a c_uint8 array builds a list of ints first (30x slower).
+        return ctypes.string_at(buf, written)
 
     def restore(self, seq: int, state: bytes) -> None:
         """Load a state saved by `save` (from this or another context on an equal model) into `seq`."""

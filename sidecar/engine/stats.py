@@ -30,6 +30,9 @@ class ThroughputStats:
         self.tokens_generated = 0
         self.prompt_tokens_processed = 0
         self.requests_served = 0
+        # Generating sequences moved down into a gap (Engine._pack): a figure to watch, since
+        # each move copies a conversation's cache.
+        self.sequence_moves = 0
 
     def record_decode(self, tokens: int, seconds: float) -> None:
         with self._lock:
@@ -44,6 +47,10 @@ class ThroughputStats:
     def record_request(self) -> None:
         with self._lock:
             self.requests_served += 1
+
+    def record_move(self) -> None:
+        with self._lock:
+            self.sequence_moves += 1
 
     @staticmethod
     def _rate(samples: deque[tuple[float, int, float]], now: float) -> float:

@@ -41,22 +41,32 @@ def plan_step(demands: list[SequenceDemand], n_batch: int) -> StepPlan:
     """Fill one pass of at most `n_batch` tokens: every decoding sequence's token first (a player
     waiting mid-sentence notices a stall more than a slower start), then prompt chunks in the
     order given, the last one cut to fit. A prompt chunk asks for logits only when it ends the
-    prompt, since only then is there a next token to sample."""
-    entries: list[BatchEntry] = []
-    fed: list[tuple[int, int]] = []
-    logits_at: list[tuple[int, int]] = []
+    prompt, since only then is there a next token to sample.
+
+    The entries go out ordered by sequence id. Without a unified KV cache llama.cpp puts into one
+    micro-batch only a run of consecutive sequence ids, met in batch order: with decode tokens
+    first, a prompt chunk of sequence 5 between decoding sequences 4 and 6 would break the run
+    and cost a second pass over the weights."""
+    chosen: dict[int, tuple[SequenceDemand, int]] = {}
+    used = 0
     for d in (d for d in demands if d.decoding):
-        if len(entries) >= n_batch:
+        if used >= n_batch:
             break
-        logits_at.append((d.seq, len(entries)))
-        entries.append(BatchEntry(d.tokens[0], d.start_pos, d.seq, True))
-        fed.append((d.seq, 1))
+        chosen[d.seq] = (d, 1)
+        used += 1
     for d in (d for d in demands if not d.decoding):
-        room = n_batch - len(entries)
+        room = n_batch - used
         if room <= 0:
             break
         take = min(room, len(d.tokens))
-        ends_prompt = take == len(d.tokens) and d.ends_prompt
+        chosen[d.seq] = (d, take)
+        used += take
+    entries: list[BatchEntry] = []
+    fed: list[tuple[int, int]] = []
+    logits_at: list[tuple[int, int]] = []
+    for seq in sorted(chosen):
+        d, take = chosen[seq]
+        ends_prompt = d.decoding or (take == len(d.tokens) and d.ends_prompt)
         for i in range(take):
             last = ends_prompt and i == take - 1
             if last:
