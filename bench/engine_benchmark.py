@@ -66,7 +66,8 @@ def messages(text: str, system: str | None = None) -> list[dict]:
 TOKEN_COUNTING = (
     "tokens = the streamed reply's text, tokenized with the model's own tokenizer after the run, "
     "the same function for every side; time = client clock from sending the first request to the "
-    "end of the last stream"
+    "end of the last stream; every round's questions are new to every side (a round tag opens "
+    "each), so prompts are prefilled, not served from a cache"
 )
 
 
@@ -231,15 +232,20 @@ class Round:
     self_reported: int | None
 
 
-def aggregate(send, n_streams: int, max_tokens: int, count) -> Round:
+def aggregate(send, n_streams: int, max_tokens: int, count, tag: str = "") -> Round:
     """n_streams streamed requests in flight at once; `send(question, max_tokens)` returns a
-    peers.Streamed. Tokens are counted from the delivered text by `count`, for every side."""
+    peers.Streamed. Tokens are counted from the delivered text by `count`, for every side.
+
+    `tag` opens every question of the round ("[tag] In two sentences..."): with a new tag per
+    round no side can serve a round from the cache of an earlier one, while the chat template's
+    opening stays shared, as NPCs share a system prompt."""
     replies: list[peers.Streamed | None] = [None] * n_streams
     errors: list[BaseException] = []
 
     def one(i: int) -> None:
         try:
-            replies[i] = send(QUESTIONS[i % len(QUESTIONS)], max_tokens)
+            question = QUESTIONS[i % len(QUESTIONS)]
+            replies[i] = send(f"[{tag}] {question}" if tag else question, max_tokens)
         except BaseException as e:  # surfaced after the run
             errors.append(e)
 
@@ -319,9 +325,11 @@ def scenario_batch(model: Path, args, results: dict) -> None:
             senders["llama-server (slots = streams)"] = per_n
         else:
             print("llama-server not found (PATH, $LLAMA_CPP_BIN or --llama-bin): skipped")
+        # One untimed round per side and stream count: first use of a sequence, a slot or a
+        # batch shape costs every side something once, and that is not what is measured.
         for side in senders.values():
-            for send in side.values():
-                send("warm up", 4)
+            for n, send in side.items():
+                aggregate(send, n, 4, count, tag="warm")
 
         table: dict[str, dict[int, list[Round]]] = {name: {n: [] for n in streams} for name in senders}
         ceiling: dict[int, list[float]] = {n: [] for n in streams}
@@ -330,7 +338,7 @@ def scenario_batch(model: Path, args, results: dict) -> None:
             for n in streams:
                 order = names[r % len(names):] + names[: r % len(names)]
                 for name in order:
-                    table[name][n].append(aggregate(senders[name][n], n, max_tokens, count))
+                    table[name][n].append(aggregate(senders[name][n], n, max_tokens, count, tag=f"{r + 1}.{n}"))
                 ceiling[n].append(batch_ceiling(model, n, max_tokens, threads))
             print(f"   repeat {r + 1}/{args.repeats} done", flush=True)
     finally:
