@@ -37,7 +37,9 @@ class NativeContext:
 
     Each sequence gets its own KV stream of `ctx_per_seq` cells (kv_unified off): conversations
     rarely share a prefix, and a unified cache would make every token attend over every
-    conversation's cells.
+    conversation's cells (64 streams of SmolLM2: 200 tokens/s unified, 384 per-sequence). The
+    price: llama.cpp then batches only consecutive sequence ids together, so the engine keeps
+    the generating ones packed (Engine._pack) and feeds them in id order (plan_step).
     """
 
     def __init__(
