@@ -215,7 +215,10 @@ def scenario_single(model: Path, args, results: dict) -> None:
 # -- batch ----------------------------------------------------------------------------------------
 
 
-QUESTIONS = [f"In two sentences, describe a {a} {b}." for a in ("brave", "sly", "old", "young") for b in ("knight", "thief", "wizard", "merchant")]
+# Requests whose replies run past max_tokens on every side, so each side streams the same number
+# of tokens: with short answers, a side whose chat template differs (llama-server renders its
+# own) ends its replies at other lengths, and per-request costs then weigh differently.
+QUESTIONS = [f"Tell me a long story about a {a} {b}." for a in ("brave", "sly", "old", "young") for b in ("knight", "thief", "wizard", "merchant")]
 BATCH_STREAMS = (1, 4, 16, 64)
 # Context per conversation: a question and its reply fit, and 64 of them stay small.
 BATCH_CTX = 512
