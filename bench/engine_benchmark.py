@@ -342,7 +342,7 @@ def scenario_batch(model: Path, args, results: dict) -> None:
                 order = names[r % len(names):] + names[: r % len(names)]
                 for name in order:
                     table[name][n].append(aggregate(senders[name][n], n, max_tokens, count, tag=f"{r + 1}.{n}"))
-                ceiling[n].append(batch_ceiling(model, n, max_tokens, threads))
+                ceiling[n].append(batch_ceiling(model, n, max_tokens, threads, tag=f"{r + 1}.{n}"))
             print(f"   repeat {r + 1}/{args.repeats} done", flush=True)
     finally:
         if http is not None:
@@ -390,30 +390,32 @@ def scenario_batch(model: Path, args, results: dict) -> None:
     }
 
 
-CEILING = "upper bound: llama.cpp, no server"
+CEILING = "upper bound: llama.cpp alone"
 
 
-def batch_ceiling(model: Path, n_streams: int, max_tokens: int, threads: int) -> float:
-    """What llama.cpp itself decodes at n_streams, with no server and no sampler beyond greedy
-    argmax: every question prefilled (not timed), then max_tokens batched decode steps with every
-    sequence kept to full length. No server can stream more than this, so it bounds each ratio."""
+def batch_ceiling(model: Path, n_streams: int, max_tokens: int, threads: int, tag: str) -> float:
+    """What llama.cpp itself streams at n_streams for the round's requests, with no server, no
+    sampler beyond greedy argmax, every prompt prefilled in one batch and every reply kept to
+    max_tokens: (n_streams x max_tokens) / (prefill + decode time). No side can beat it by more
+    than noise, so it says how far each target is reachable on this machine."""
     import llama_cpp
     from sidecar.engine.native_context import BatchEntry, NativeContext
     from sidecar.engine.native_model import NativeModel
 
     model_ = NativeModel(model)
-    ctx = NativeContext(model_, n_seq=n_streams, ctx_per_seq=BATCH_CTX, n_batch=BATCH_CTX * n_streams,
+    prompts = [model_.tokenize(model_.render_chat([("user", f"[{tag}] {QUESTIONS[s % len(QUESTIONS)]}")]), add_bos=False, parse_special=True)
+               for s in range(n_streams)]
+    ctx = NativeContext(model_, n_seq=n_streams, ctx_per_seq=BATCH_CTX, n_batch=sum(map(len, prompts)),
                         n_ubatch=512, threads_decode=threads, threads_prefill=threads, flash_attention=True)
     greedy = llama_cpp.llama_sampler_init_greedy()
     try:
-        entries, last = [], []
-        for s in range(n_streams):
-            prompt = model_.tokenize(model_.render_chat([("user", QUESTIONS[s % len(QUESTIONS)])]), add_bos=False, parse_special=True)
+        entries, index = [], []
+        for s, prompt in enumerate(prompts):
             entries += [BatchEntry(t, i, s, i == len(prompt) - 1) for i, t in enumerate(prompt)]
-            last.append((len(entries) - 1, len(prompt)))
-        ctx.decode(entries)
-        index, pos = [i for i, _ in last], [p for _, p in last]
+            index.append(len(entries) - 1)
+        pos = [len(p) for p in prompts]
         started = time.perf_counter()
+        ctx.decode(entries)
         for _ in range(max_tokens):
             step = [BatchEntry(llama_cpp.llama_sampler_sample(greedy, ctx.ptr, index[s]), pos[s], s, True) for s in range(n_streams)]
             ctx.decode(step)
@@ -421,7 +423,7 @@ def batch_ceiling(model: Path, n_streams: int, max_tokens: int, threads: int) ->
         return n_streams * max_tokens / (time.perf_counter() - started)
     finally:
         llama_cpp.llama_sampler_free(greedy)
-        del ctx
+        ctx.close()
         model_.close()
 
 

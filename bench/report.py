@@ -139,8 +139,8 @@ def section_batch(res: dict, out: Path, rel: str) -> str:
     bound = [f"{label(n)} {r[f'ceiling_vs_llama_cpp_python_{n}']:.2f}x" for n in streams if f"ceiling_vs_llama_cpp_python_{n}" in r]
     if bound:
         text.append("Upper bound / llama-cpp-python server, the most any side could reach here: " + ", ".join(bound) + ". "
-                    "The upper bound is llama.cpp decoding every conversation in one batch with no server and "
-                    "no prompt in the timing.")
+                    "The upper bound is llama.cpp alone with the same requests: every prompt prefilled in one "
+                    "batch, then every conversation decoded together to max_tokens, greedy, no server.")
     server = [f"{label(n)} {r[f'vs_llama_server_{n}']:.2f}x" for n in streams if f"vs_llama_server_{n}" in r]
     text.append(("Daemon / llama-server (slots = streams): " + ", ".join(server) + " (target >= 1.0x).")
                 if server else "llama-server not run.")
