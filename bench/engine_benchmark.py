@@ -334,6 +334,8 @@ def scenario_batch(model: Path, args, results: dict) -> None:
             for n, send in side.items():
                 aggregate(send, n, 4, count, tag="warm")
 
+        alone = LlamaCppAlone(model, threads, max_tokens)
+        started.append(alone.close)
         table: dict[str, dict[int, list[Round]]] = {name: {n: [] for n in streams} for name in senders}
         ceiling: dict[int, list[float]] = {n: [] for n in streams}
         names = list(senders)
@@ -342,7 +344,7 @@ def scenario_batch(model: Path, args, results: dict) -> None:
                 order = names[r % len(names):] + names[: r % len(names)]
                 for name in order:
                     table[name][n].append(aggregate(senders[name][n], n, max_tokens, count, tag=f"{r + 1}.{n}"))
-                ceiling[n].append(batch_ceiling(model, n, max_tokens, threads, tag=f"{r + 1}.{n}"))
+                ceiling[n].append(alone.tokens_per_s(n, tag=f"{r + 1}.{n}"))
             print(f"   repeat {r + 1}/{args.repeats} done", flush=True)
     finally:
         if http is not None:
@@ -393,38 +395,55 @@ def scenario_batch(model: Path, args, results: dict) -> None:
 CEILING = "upper bound: llama.cpp alone"
 
 
-def batch_ceiling(model: Path, n_streams: int, max_tokens: int, threads: int, tag: str) -> float:
-    """What llama.cpp itself streams at n_streams for the round's requests, with no server, no
+class LlamaCppAlone:
+    """What llama.cpp itself streams at n streams for a round's requests, with no server, no
     sampler beyond greedy argmax, every prompt prefilled in one batch and every reply kept to
-    max_tokens: (n_streams x max_tokens) / (prefill + decode time). No side can beat it by more
-    than noise, so it says how far each target is reachable on this machine."""
-    import llama_cpp
-    from sidecar.engine.native_context import BatchEntry, NativeContext
-    from sidecar.engine.native_model import NativeModel
+    max_tokens: (n x max_tokens) / (prefill + decode time). No side can beat it by more than
+    noise, so it says how far each target is reachable on this machine. One context per stream
+    count, warmed by an untimed round like every other side."""
 
-    model_ = NativeModel(model)
-    prompts = [model_.tokenize(model_.render_chat([("user", f"[{tag}] {QUESTIONS[s % len(QUESTIONS)]}")]), add_bos=False, parse_special=True)
-               for s in range(n_streams)]
-    ctx = NativeContext(model_, n_seq=n_streams, ctx_per_seq=BATCH_CTX, n_batch=sum(map(len, prompts)),
-                        n_ubatch=512, threads_decode=threads, threads_prefill=threads, flash_attention=True)
-    greedy = llama_cpp.llama_sampler_init_greedy()
-    try:
-        entries, index = [], []
-        for s, prompt in enumerate(prompts):
-            entries += [BatchEntry(t, i, s, i == len(prompt) - 1) for i, t in enumerate(prompt)]
-            index.append(len(entries) - 1)
-        pos = [len(p) for p in prompts]
-        started = time.perf_counter()
-        ctx.decode(entries)
-        for _ in range(max_tokens):
-            step = [BatchEntry(llama_cpp.llama_sampler_sample(greedy, ctx.ptr, index[s]), pos[s], s, True) for s in range(n_streams)]
-            ctx.decode(step)
-            index, pos = list(range(n_streams)), [p + 1 for p in pos]
-        return n_streams * max_tokens / (time.perf_counter() - started)
-    finally:
-        llama_cpp.llama_sampler_free(greedy)
-        ctx.close()
-        model_.close()
+    def __init__(self, model: Path, threads: int, max_tokens: int) -> None:
+        from sidecar.engine.native_model import NativeModel
+
+        self._model = NativeModel(model)
+        self._threads, self._max_tokens = threads, max_tokens
+        self._contexts: dict[int, object] = {}
+
+    def tokens_per_s(self, n_streams: int, tag: str) -> float:
+        import llama_cpp
+        from sidecar.engine.native_context import BatchEntry, NativeContext
+
+        m = self._model
+        if n_streams not in self._contexts:
+            self._contexts[n_streams] = NativeContext(
+                m, n_seq=n_streams, ctx_per_seq=BATCH_CTX, n_batch=BATCH_CTX * n_streams, n_ubatch=512,
+                threads_decode=self._threads, threads_prefill=self._threads, flash_attention=True)
+            self.tokens_per_s(n_streams, "warm")
+        ctx = self._contexts[n_streams]
+        llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(ctx.ptr), True)
+        prompts = [m.tokenize(m.render_chat([("user", f"[{tag}] {QUESTIONS[s % len(QUESTIONS)]}")]), add_bos=False, parse_special=True)
+                   for s in range(n_streams)]
+        greedy = llama_cpp.llama_sampler_init_greedy()
+        try:
+            entries, index = [], []
+            for s, prompt in enumerate(prompts):
+                entries += [BatchEntry(t, i, s, i == len(prompt) - 1) for i, t in enumerate(prompt)]
+                index.append(len(entries) - 1)
+            pos = [len(p) for p in prompts]
+            started = time.perf_counter()
+            ctx.decode(entries)
+            for _ in range(self._max_tokens):
+                step = [BatchEntry(llama_cpp.llama_sampler_sample(greedy, ctx.ptr, index[s]), pos[s], s, True) for s in range(n_streams)]
+                ctx.decode(step)
+                index, pos = list(range(n_streams)), [p + 1 for p in pos]
+            return n_streams * self._max_tokens / (time.perf_counter() - started)
+        finally:
+            llama_cpp.llama_sampler_free(greedy)
+
+    def close(self) -> None:
+        for ctx in self._contexts.values():
+            ctx.close()
+        self._model.close()
 
 
 def _http_sender(peer: peers.HttpPeer, http) -> Callable[[str, int], peers.Streamed]:
