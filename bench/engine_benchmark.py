@@ -334,17 +334,13 @@ def scenario_batch(model: Path, args, results: dict) -> None:
             for n, send in side.items():
                 aggregate(send, n, 4, count, tag="warm")
 
-        alone = LlamaCppAlone(model, threads, max_tokens)
-        started.append(alone.close)
         table: dict[str, dict[int, list[Round]]] = {name: {n: [] for n in streams} for name in senders}
-        ceiling: dict[int, list[float]] = {n: [] for n in streams}
         names = list(senders)
         for r in range(args.repeats):
             for n in streams:
                 order = names[r % len(names):] + names[: r % len(names)]
                 for name in order:
                     table[name][n].append(aggregate(senders[name][n], n, max_tokens, count, tag=f"{r + 1}.{n}"))
-                ceiling[n].append(alone.tokens_per_s(n, tag=f"{r + 1}.{n}"))
             print(f"   repeat {r + 1}/{args.repeats} done", flush=True)
     finally:
         if http is not None:
@@ -359,7 +355,6 @@ def scenario_batch(model: Path, args, results: dict) -> None:
     print(f"{'':34}" + "".join(f"{str(n) + ' streams':>26}" for n in streams))
     for name, row in table.items():
         print(f"{name:34}" + "".join(f"{spread([r.tokens_per_s for r in row[n]]):>26}" for n in streams))
-    print(f"{CEILING:34}" + "".join(f"{spread(ceiling[n]):>26}" for n in streams))
     print("median time to first token (ms)")
     for name, row in table.items():
         print(f"{name:34}" + "".join(f"{med(row[n], 'ttft_ms'):26.0f}" for n in streams))
@@ -370,80 +365,20 @@ def scenario_batch(model: Path, args, results: dict) -> None:
     d = table["daemon"]
     cpp = table["llama-cpp-python server"]
     ratios = {f"vs_llama_cpp_python_{n}": med(d[n]) / med(cpp[n]) for n in streams}
-    ratios |= {f"ceiling_vs_llama_cpp_python_{n}": statistics.median(ceiling[n]) / med(cpp[n]) for n in streams}
-    ratios |= {f"vs_ceiling_{n}": med(d[n]) / statistics.median(ceiling[n]) for n in streams}
     if "llama-server (slots = streams)" in table:
         ratios |= {f"vs_llama_server_{n}": med(d[n]) / med(table["llama-server (slots = streams)"][n]) for n in streams}
     print("daemon / llama-cpp-python server: " + ", ".join(f"{n} streams {ratios[f'vs_llama_cpp_python_{n}']:.2f}x" for n in streams)
           + "   (targets 2.5x at 4, 4x at 16)")
-    print("upper bound / llama-cpp-python server (the most any side could reach): "
-          + ", ".join(f"{n} streams {ratios[f'ceiling_vs_llama_cpp_python_{n}']:.2f}x" for n in streams))
-    print("daemon / upper bound: " + ", ".join(f"{n} streams {ratios[f'vs_ceiling_{n}']:.2f}x" for n in streams))
     if "vs_llama_server_1" in ratios:
         print("daemon / llama-server: " + ", ".join(f"{n} streams {ratios[f'vs_llama_server_{n}']:.2f}x" for n in streams) + "   (target >= 1.0x)")
     results["batch"] = {
         "max_tokens": max_tokens, "threads": threads, "token_counting": TOKEN_COUNTING, "interleaved": True,
         "table": {k: {str(n): [r.tokens_per_s for r in rounds] for n, rounds in row.items()} for k, row in table.items()},
-        "ceiling": {"label": CEILING, "tokens_per_s": {str(n): v for n, v in ceiling.items()}},
         "ttft_ms": {k: {str(n): [r.ttft_ms for r in rounds] for n, rounds in row.items()} for k, row in table.items()},
         "cross_check": {k: {str(n): {"counted": rounds[-1].counted, "self_reported": rounds[-1].self_reported}
                             for n, rounds in row.items()} for k, row in table.items()},
         "ratios": ratios,
     }
-
-
-CEILING = "upper bound: llama.cpp alone"
-
-
-class LlamaCppAlone:
-    """What llama.cpp itself streams at n streams for a round's requests, with no server, no
-    sampler beyond greedy argmax, every prompt prefilled in one batch and every reply kept to
-    max_tokens: (n x max_tokens) / (prefill + decode time). No side can beat it by more than
-    noise, so it says how far each target is reachable on this machine. One context per stream
-    count, warmed by an untimed round like every other side."""
-
-    def __init__(self, model: Path, threads: int, max_tokens: int) -> None:
-        from sidecar.engine.native_model import NativeModel
-
-        self._model = NativeModel(model)
-        self._threads, self._max_tokens = threads, max_tokens
-        self._contexts: dict[int, object] = {}
-
-    def tokens_per_s(self, n_streams: int, tag: str) -> float:
-        import llama_cpp
-        from sidecar.engine.native_context import BatchEntry, NativeContext
-
-        m = self._model
-        if n_streams not in self._contexts:
-            self._contexts[n_streams] = NativeContext(
-                m, n_seq=n_streams, ctx_per_seq=BATCH_CTX, n_batch=BATCH_CTX * n_streams, n_ubatch=512,
-                threads_decode=self._threads, threads_prefill=self._threads, flash_attention=True)
-            self.tokens_per_s(n_streams, "warm")
-        ctx = self._contexts[n_streams]
-        llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(ctx.ptr), True)
-        prompts = [m.tokenize(m.render_chat([("user", f"[{tag}] {QUESTIONS[s % len(QUESTIONS)]}")]), add_bos=False, parse_special=True)
-                   for s in range(n_streams)]
-        greedy = llama_cpp.llama_sampler_init_greedy()
-        try:
-            entries, index = [], []
-            for s, prompt in enumerate(prompts):
-                entries += [BatchEntry(t, i, s, i == len(prompt) - 1) for i, t in enumerate(prompt)]
-                index.append(len(entries) - 1)
-            pos = [len(p) for p in prompts]
-            started = time.perf_counter()
-            ctx.decode(entries)
-            for _ in range(self._max_tokens):
-                step = [BatchEntry(llama_cpp.llama_sampler_sample(greedy, ctx.ptr, index[s]), pos[s], s, True) for s in range(n_streams)]
-                ctx.decode(step)
-                index, pos = list(range(n_streams)), [p + 1 for p in pos]
-            return n_streams * self._max_tokens / (time.perf_counter() - started)
-        finally:
-            llama_cpp.llama_sampler_free(greedy)
-
-    def close(self) -> None:
-        for ctx in self._contexts.values():
-            ctx.close()
-        self._model.close()
 
 
 def _http_sender(peer: peers.HttpPeer, http) -> Callable[[str, int], peers.Streamed]:

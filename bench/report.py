@@ -125,9 +125,6 @@ def section_batch(res: dict, out: Path, rel: str) -> str:
     sides = list(res["table"])
     streams = sorted({int(n) for row in res["table"].values() for n in row})
     rows = [[side] + [spread(res["table"][side].get(str(n), [])) for n in streams] for side in sides]
-    ceiling = res.get("ceiling")
-    if ceiling:
-        rows.append([ceiling["label"]] + [spread(ceiling["tokens_per_s"].get(str(n), [])) for n in streams])
 
     def label(n: int) -> str:
         return f"{n} stream" + ("s" if n != 1 else "")
@@ -136,11 +133,6 @@ def section_batch(res: dict, out: Path, rel: str) -> str:
     ratio_cells = [f"{label(n)} {r[f'vs_llama_cpp_python_{n}']:.2f}x" for n in streams if f"vs_llama_cpp_python_{n}" in r]
     text = [table(["aggregate tokens/s"] + [label(n) for n in streams], rows), "",
             "Daemon / llama-cpp-python server: " + ", ".join(ratio_cells) + " (targets 2.5x at 4, 4x at 16)."]
-    bound = [f"{label(n)} {r[f'ceiling_vs_llama_cpp_python_{n}']:.2f}x" for n in streams if f"ceiling_vs_llama_cpp_python_{n}" in r]
-    if bound:
-        text.append("Upper bound / llama-cpp-python server, the most any side could reach here: " + ", ".join(bound) + ". "
-                    "The upper bound is llama.cpp alone with the same requests: every prompt prefilled in one "
-                    "batch, then every conversation decoded together to max_tokens, greedy, no server.")
     server = [f"{label(n)} {r[f'vs_llama_server_{n}']:.2f}x" for n in streams if f"vs_llama_server_{n}" in r]
     text.append(("Daemon / llama-server (slots = streams): " + ", ".join(server) + " (target >= 1.0x).")
                 if server else "llama-server not run.")
@@ -149,13 +141,10 @@ def section_batch(res: dict, out: Path, rel: str) -> str:
                 + res.get("token_counting", "") + ".")
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    lines = {side: res["table"][side] for side in sides}
-    if ceiling:
-        lines[ceiling["label"]] = ceiling["tokens_per_s"]
-    for side, per_n in lines.items():
-        xs = [n for n in streams if per_n.get(str(n))]
-        meds, err = _errbars([per_n[str(n)] for n in xs])
-        ax.errorbar(xs, meds, yerr=err, marker="o", capsize=3, label=side, linestyle="--" if side not in sides else "-")
+    for side in sides:
+        xs = [n for n in streams if res["table"][side].get(str(n))]
+        meds, err = _errbars([res["table"][side][str(n)] for n in xs])
+        ax.errorbar(xs, meds, yerr=err, marker="o", capsize=3, label=side)
     ax.set_xscale("log", base=2)
     ax.set_xticks(streams, [str(n) for n in streams])
     ax.set_xlabel("concurrent conversations")
