@@ -105,7 +105,7 @@ def section_single(res: dict, out: Path, rel: str) -> str:
             + (", runs interleaved." if res.get("interleaved") else ".")]
     if "llama_bench_vs_defaults" in r:
         text.append(f"llama.cpp's own best (llama-bench) / Llama() defaults is {r['llama_bench_vs_defaults']:.2f}x on this "
-                    "machine: the most any side could reach against the defaults.")
+                    "machine: llama.cpp's decode loop with no sampling and no streaming, what any side built on it is measured against.")
     plt = _plt()
     names = list(res["rows"])
     meds, err = _errbars([res["rows"][n] for n in names])
