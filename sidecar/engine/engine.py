@@ -287,14 +287,21 @@ class Engine:
             home = next((s for s in free if s.session_id == sid), None)
             if home is not None:
                 return home
-        # Prefer a sequence no live session needs, then the least recently used session's. Among
-        # equals the lowest id, so generating sequences stay packed (see _pack).
+        # Prefer a sequence no live session needs, then the least recently used session's.
         unowned = [s for s in free if s.session_id is None or self.sessions.get(s.session_id) is None]
         if unowned:
-            return max(unowned, key=lambda s: (self._reusable_prefix(s, job), -s.seq))
+            return max(unowned, key=lambda s: self._preference(s, job))
         victim = min(free, key=lambda s: s.last_used)
         self._evict(victim)
         return victim
+
+    def _preference(self, slot: Slot, job: Job) -> tuple:
+        """How well a free sequence suits a one-off request: the longest reusable prefix first; then
+        an empty sequence, the lowest id first so replies stay packed (see _pack); then the
+        leftovers least recently used, as the least likely to be asked for again."""
+        if not slot.cached:
+            return (0, 1, -slot.seq)
+        return (self._reusable_prefix(slot, job), 0, -slot.last_used)
 
     def _reusable_prefix(self, slot: Slot, job: Job) -> int:
         """Tokens of a one-off request's prompt that `slot` already holds: NPCs sharing a system
