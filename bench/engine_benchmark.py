@@ -21,6 +21,7 @@ spin, so any other process on the same cores distorts every figure.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -137,11 +138,6 @@ def thread_choices() -> list[int]:
     return sorted({1, psutil.cpu_count(logical=False) or 1, psutil.cpu_count() or os.cpu_count() or 1})
 
 
-def _runs(fn, repeats: int) -> tuple[list[float], list[float]]:
-    pairs = [fn(i) for i in range(repeats)]
-    return [p[0] for p in pairs], [p[1] for p in pairs]
-
-
 def scenario_single(model: Path, args, results: dict) -> None:
     """Every side is loaded before the first run and the runs are interleaved, one of each per
     repeat, so drift on this shared machine touches all sides alike. The hand-tuned row is the
@@ -240,7 +236,7 @@ def aggregate(send, n_streams: int, max_tokens: int, count, tag: str = "") -> Ro
     """n_streams streamed requests in flight at once; `send(question, max_tokens)` returns a
     peers.Streamed. Tokens are counted from the delivered text by `count`, for every side.
 
-    `tag` opens every question of the round ("[tag] In two sentences..."): with a new tag per
+    `tag` opens every question of the round ("[tag] Tell me a long story..."): with a new tag per
     round no side can serve a round from the cache of an earlier one, while the chat template's
     opening stays shared, as NPCs share a system prompt."""
     replies: list[peers.Streamed | None] = [None] * n_streams
@@ -303,28 +299,25 @@ def scenario_batch(model: Path, args, results: dict) -> None:
     print(f"\n== aggregate tokens/s, {max_tokens} tokens per conversation, {threads} threads, all sides streamed, rounds interleaved ==")
     print(f"   ({TOKEN_COUNTING})")
 
-    started: list = []
-    http = None
-    try:
+    with contextlib.ExitStack() as stack:
         import httpx
 
-        http = httpx.Client(limits=httpx.Limits(max_connections=max(streams) * 2))
+        http = stack.enter_context(httpx.Client(limits=httpx.Limits(max_connections=max(streams) * 2)))
         daemon = start_daemon("--model", str(model), "--parallel", str(max(streams)), "--ctx", str(BATCH_CTX))
-        started.append(lambda: stop_daemon(daemon))
-        client = daemon.client(timeout_s=600).__enter__()
-        started.append(lambda: client.__exit__(None, None, None))
+        stack.callback(stop_daemon, daemon)
+        client = stack.enter_context(daemon.client(timeout_s=600))
         senders: dict[str, dict[int, Callable[[str, int], peers.Streamed]]] = {
             "daemon": {n: (lambda q, k: _daemon_stream(client, q, k)) for n in streams}}
         # One sequence, so concurrent requests queue (interrupt_requests off: see peers.py).
         cpp_python = peers.start_llama_cpp_python_server(model, threads, 2048)
-        started.append(cpp_python.stop)
+        stack.callback(cpp_python.stop)
         senders["llama-cpp-python server"] = {n: _http_sender(cpp_python, http) for n in streams}
         server_bin = peers.find_llama_binary("llama-server", args.llama_bin and args.llama_bin / "llama-server")
         if server_bin:
             per_n = {}
             for n in streams:  # as many slots as streams, as the issue asks
                 server = peers.start_llama_server(server_bin, model, threads, n, BATCH_CTX)
-                started.append(server.stop)
+                stack.callback(server.stop)
                 per_n[n] = _http_sender(server, http)
             senders["llama-server (slots = streams)"] = per_n
         else:
@@ -343,11 +336,6 @@ def scenario_batch(model: Path, args, results: dict) -> None:
                 for name in order:
                     table[name][n].append(aggregate(senders[name][n], n, max_tokens, count, tag=f"{r + 1}.{n}"))
             print(f"   repeat {r + 1}/{args.repeats} done", flush=True)
-    finally:
-        if http is not None:
-            http.close()
-        for stop in reversed(started):
-            stop()
 
     def med(rounds: list[Round], field: str = "tokens_per_s") -> float:
         return statistics.median(getattr(r, field) for r in rounds)

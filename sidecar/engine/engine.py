@@ -488,18 +488,17 @@ class Engine:
     def _swap(self, low: Slot, high: Slot) -> None:
         """Exchange an idle slot's cache and a generating one's. What the idle slot held moves up
         rather than out: an idle session's turns, or a one-off prompt the next request may share."""
-        keep = bool(low.cached)
         moving = self._ctx.save(high.seq) if high.cached else None
-        parked = self._ctx.save(low.seq) if keep else None
+        parked = self._ctx.save(low.seq) if low.cached else None
         self._ctx.clear(low.seq)
         self._ctx.clear(high.seq)
         if moving is not None:
             self._ctx.restore(low.seq, moving)
         if parked is not None:
             self._ctx.restore(high.seq, parked)
-        low.cached, high.cached = high.cached, (low.cached if keep else [])
-        low.session_id, high.session_id = high.session_id, (low.session_id if keep else None)
-        low.active, high.active = high.active, None
+        low.cached, high.cached = high.cached, low.cached
+        low.session_id, high.session_id = high.session_id, low.session_id
+        low.active, high.active = high.active, low.active
         low.last_used, high.last_used = high.last_used, low.last_used
         for slot in (low, high):
             session = self.sessions.get(slot.session_id) if slot.session_id else None
