@@ -11,7 +11,14 @@ from sidecar import __version__
 from sidecar.engine import Engine
 from sidecar.default_model import default_model_path
 from sidecar.engine.native_model import check_gguf_file
-from sidecar.executor import describe_placement, engine_config, gpu_free_bytes, load_plan_inputs, load_projector
+from sidecar.executor import (
+    describe_placement,
+    engine_config,
+    gpu_free_bytes,
+    load_plan_inputs,
+    load_projector,
+    register_devices,
+)
 from sidecar.lifecycle.daemon_lifecycle import DaemonLifecycle
 from sidecar.service.budget_control import BudgetControl
 from sidecar.service.core import ServiceInfo, SidecarService
@@ -41,6 +48,7 @@ async def _serve(settings: Settings, lifecycle: DaemonLifecycle, ready: asyncio.
         return
     budget = settings.budget_value
     check_gguf_file(settings.model or default_model_path())  # a wrong path fails before any profiling
+    await asyncio.to_thread(register_devices, settings)  # --rpc servers: before anything lists devices
     # A mismatched pair fails before profiling.
     projector, text_model = await asyncio.to_thread(load_projector, settings)
     inputs = await asyncio.to_thread(load_plan_inputs, settings, text_model)
@@ -54,7 +62,8 @@ async def _serve(settings: Settings, lifecycle: DaemonLifecycle, ready: asyncio.
         )
         service = SidecarService(engine, budget, info)
         service.budget_control = BudgetControl(
-            engine, budget, lambda b: engine_config(settings, b, inputs, projector), service.state, gpu_free_bytes
+            engine, budget, lambda b: engine_config(settings, b, inputs, projector), service.state,
+            lambda: gpu_free_bytes(engine.config.device),
         )
         await service.budget_control.fit_to_measured()
         transports = await start_transports(service, settings, lifecycle.authenticator)

@@ -17,7 +17,7 @@ import structlog
 from sidecar.budget import Budget
 from sidecar.default_model import default_model_path
 from sidecar.engine import EngineConfig
-from sidecar.errors import ModelLoadError
+from sidecar.errors import InvalidArgument, ModelLoadError
 from sidecar.settings import Settings
 from sidecar.vision.encoder_settings import EncoderSettings
 
@@ -40,6 +40,8 @@ def load_plan_inputs(settings: Settings, model=None) -> PlanInputs | None:
     """The model header (read here unless `model` already holds it: reading a GGUF header takes
     a second or two) and this machine's profile, or None when planning is off (--profile off)
     or impossible (then the daemon runs the CPU plan and says why)."""
+    if settings.hardware is not None:
+        return _described_inputs(settings, model)
     if settings.profile == "off":
         return None
     try:
@@ -57,6 +59,20 @@ def load_plan_inputs(settings: Settings, model=None) -> PlanInputs | None:
     except Exception as e:  # a planner problem must not keep the game's NPCs silent
         log.warning("planning unavailable; running the CPU plan", reason=f"{type(e).__name__}: {e}")
         return None
+
+
+def _described_inputs(settings: Settings, model) -> PlanInputs:
+    """Plan inputs for --hardware: the machine as described, not as measured (a GPU's speed is
+    what a GPU-type device without a GPU cannot show). A bad description is a settings error
+    (exit 2), not a reason to fall back silently."""
+    from sidecar.model_info import inspect_gguf
+    from sidecar.planner.sources import load_hardware
+
+    try:
+        hardware, _source = load_hardware(settings.hardware)
+    except (OSError, ValueError) as e:
+        raise InvalidArgument(f"--hardware {settings.hardware}: {e}") from None
+    return PlanInputs(model or inspect_gguf(settings.model or default_model_path()), hardware)
 
 
 def load_projector(settings: Settings):
@@ -104,7 +120,7 @@ def engine_config(
             ctx=settings.ctx * settings.parallel,
             options=PlanOptions(n_batch=settings.batch, flash_attention=settings.flash_attention_flag),
         )
-        base = config_from_schedule(base, schedule, settings.threads)
+        base = config_from_schedule(base, schedule, settings.threads, placement_device(settings))
     if projector is None:
         return base
     vision = vision_plan(settings, budget, projector, inputs, schedule)
@@ -138,7 +154,7 @@ def encoder_settings(settings: Settings, projector, vision, threads: int) -> Enc
     v = projector.vision
     return EncoderSettings(
         projector_path=Path(settings.mmproj),
-        use_gpu=vision.placement != CPU and _gpu_device_name() != "CPU",
+        use_gpu=vision.placement != CPU and placement_device(settings) != "CPU",
         flash_attention=vision.flash_attention,
         image_max_tokens=vision.image_max_tokens,
         max_image_side=vision.max_image_side,
@@ -149,14 +165,15 @@ def encoder_settings(settings: Settings, projector, vision, threads: int) -> Enc
     )
 
 
-def config_from_schedule(base: EngineConfig, schedule, threads_flag: int = 0) -> EngineConfig:
-    """`base` with the schedule's placement and threads. An explicit --threads caps every tier."""
+def config_from_schedule(base: EngineConfig, schedule, threads_flag: int = 0, device: str | None = None) -> EngineConfig:
+    """`base` with the schedule's placement and threads, the plan's GPU mapped onto ggml device
+    `device` (default: the first GPU-type one). An explicit --threads caps every tier."""
 
     def cap(n: int) -> int:
         return min(n, threads_flag) if threads_flag else n
 
     tiers = tuple(sorted({(t.max_tokens, cap(t.threads)) for t in schedule.tiers}))
-    gpu = _gpu_device_name()
+    gpu = device or placement_device()
     overrides = tuple((pattern, gpu if device == "GPU0" else "CPU") for pattern, device in schedule.tensor_overrides)
     if schedule.op_offload and gpu != "CPU":
         # Only takes effect before the CUDA backend registers (the first model load).
@@ -172,7 +189,9 @@ def config_from_schedule(base: EngineConfig, schedule, threads_flag: int = 0) ->
         tensor_overrides=overrides if gpu != "CPU" else (),
         op_offload=schedule.op_offload,
         kv_on_gpu=schedule.kv_on_gpu,
+        kv_type=schedule.kv_type,
         planned_vram_bytes=schedule.vram_bytes if gpu != "CPU" else 0,
+        device=gpu,
         schedule=schedule,
     )
 
@@ -185,11 +204,34 @@ def describe_placement(config: EngineConfig) -> str:
     return f"{config.n_gpu_layers} layers on the GPU, {len(config.tensor_overrides)} tensor overrides, {kv}"
 
 
-def _gpu_device_name() -> str:
-    """ggml's name for the first GPU ("CUDA0"), or "CPU" when llama.cpp sees none."""
-    from sidecar.ggml_devices import list_ggml_devices
+def register_devices(settings: Settings) -> tuple[str, ...]:
+    """Register the --rpc servers in llama.cpp's device registry (before any planning or load);
+    returns the device names they added. ModelLoadError when a server cannot be reached."""
+    from sidecar.ggml_rpc import RpcUnavailable, add_rpc_server
 
-    return next((d.name for d in list_ggml_devices() if d.is_gpu), "CPU")
+    added: list[str] = []
+    for endpoint in filter(None, (e.strip() for e in (settings.rpc or "").split(","))):
+        try:
+            added += add_rpc_server(endpoint)
+        except (RpcUnavailable, RuntimeError) as e:
+            raise ModelLoadError(f"--rpc {endpoint}: {e}") from None
+    return tuple(added)
+
+
+def placement_device(settings: Settings | None = None) -> str:
+    """The ggml device the plan's GPU placement maps onto, whatever its backend (CUDA0, Vulkan0,
+    RPC0): --device when given, else the first GPU-type device llama.cpp lists, else "CPU"."""
+    from sidecar.ggml_devices import gpu_device_names
+
+    gpus = gpu_device_names()
+    wanted = settings.device if settings is not None else None
+    if wanted:
+        if wanted not in gpus:
+            raise InvalidArgument(
+                f"--device {wanted}: llama.cpp lists no such GPU-type device (it has: {', '.join(gpus) or 'none'})"
+            )
+        return wanted
+    return gpus[0] if gpus else "CPU"
 
 
 def cpu_engine_config(settings: Settings, budget: Budget) -> EngineConfig:
@@ -212,8 +254,24 @@ def cpu_engine_config(settings: Settings, budget: Budget) -> EngineConfig:
     )
 
 
-def gpu_free_bytes(index: int = 0) -> int | None:
-    """Free VRAM on GPU `index` as NVML reports it, or None when there is no NVIDIA GPU or NVML."""
+def gpu_free_bytes(device: str = "CUDA0") -> int | None:
+    """Free memory on the placement device, or None without one. NVML's figure for a CUDA device
+    (it counts every process's use, the game's included); otherwise (Vulkan, RPC, or no NVML) what
+    ggml's backend reports for the device. CUDA's device order is taken as NVML's, which holds
+    unless CUDA_VISIBLE_DEVICES reorders them."""
+    if device == "CPU":
+        return None
+    if device.startswith("CUDA") and device[4:].isdigit():
+        free = _nvml_free_bytes(int(device[4:]))
+        if free is not None:
+            return free
+    from sidecar.ggml_devices import device_memory
+
+    memory = device_memory(device)
+    return memory[0] if memory is not None else None
+
+
+def _nvml_free_bytes(index: int) -> int | None:
     try:
         import pynvml
 

@@ -38,6 +38,10 @@ class Settings(BaseSettings):
     threads: int = Field(0, ge=0, le=4096, description="CPU threads; 0 = one per physical core")
     flash_attention: Literal["auto", "on", "off"] = "auto"
     profile: str = Field("auto", description='machine profile for the planner: "auto" (measure once), "off", or a file')
+    hardware: str | None = Field(None, description="plan for this machine description (as `plan --hardware` takes it) instead of the profile")
+    # Placement device (sidecar.executor.placement_device) and ggml RPC servers (sidecar.ggml_rpc).
+    device: str | None = Field(None, description="ggml device to place onto (CUDA0, Vulkan0, RPC0); default: the first GPU-type one")
+    rpc: str | None = Field(None, description="ggml RPC servers to register as devices, host:port, comma-separated")
     max_sessions: int = Field(64, ge=1, le=100_000)
     max_prompt_tokens: int = Field(0, ge=0, description="longest prompt in tokens; 0 = three quarters of --ctx")
     max_tokens_per_request: int = Field(2048, ge=1)

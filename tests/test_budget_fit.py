@@ -13,7 +13,7 @@ from pathlib import Path
 from sidecar.budget import Budget
 from sidecar.engine import EngineConfig
 from sidecar.engine.load_report import LoadReport
-from sidecar.service.budget_control import MEASURED_SLACK_BYTES, BudgetControl, corrected_budget
+from sidecar.service.budget_control import MAX_CORRECTIONS, MEASURED_MARGIN_BYTES, BudgetControl, corrected_budget
 from sidecar.service.state import DaemonState, StateHub
 
 MIB = 1 << 20
@@ -22,9 +22,12 @@ MIB = 1 << 20
 def test_corrected_budget_takes_the_overshoot_off() -> None:
     grant = Budget(vram_bytes=2048 * MIB, max_cpu_threads=4)
     assert corrected_budget(grant, grant, 2000 * MIB) is None  # fits
-    assert corrected_budget(grant, grant, 2048 * MIB + MEASURED_SLACK_BYTES) is None  # within slack
+    assert corrected_budget(grant, grant, 2048 * MIB) is None  # exactly the grant
+    # The grant is a hard limit: even one byte over is planned again.
+    assert corrected_budget(grant, grant, 2048 * MIB + 1) is not None
     smaller = corrected_budget(grant, grant, 2400 * MIB)
-    assert smaller.vram_bytes == 2048 * MIB - 352 * MIB - MEASURED_SLACK_BYTES and smaller.max_cpu_threads == 4
+    margin = MEASURED_MARGIN_BYTES + 2048 * MIB // 100
+    assert smaller.vram_bytes == 2048 * MIB - 352 * MIB - margin and smaller.max_cpu_threads == 4
     assert corrected_budget(Budget(0), Budget(0), 10 * MIB) is None  # CPU only: nothing to fit
 
 
@@ -60,8 +63,23 @@ def test_a_load_that_overshoots_is_planned_again_within_the_grant() -> None:
 
     assert asyncio.run(run())
     measured = engine.snapshot().load_report.vram_bytes()
-    assert engine.reloads and measured <= grant.vram_bytes + MEASURED_SLACK_BYTES
-    assert len(engine.reloads) <= 2  # bounded: two corrections at most
+    assert engine.reloads and measured <= grant.vram_bytes
+    assert len(engine.reloads) <= MAX_CORRECTIONS + 1  # bounded, the CPU plan being the last resort
+
+
+def test_a_placement_that_never_fits_ends_on_the_cpu_plan() -> None:
+    engine = GpuStandIn(overshoot=3.0)  # every plan's buffers come out three times as large
+    plan = lambda b: replace(engine.config, planned_vram_bytes=b.vram_bytes)
+    grant = Budget(vram_bytes=64 * MIB)
+    engine.config = plan(grant)
+
+    async def run():
+        control = BudgetControl(engine, grant, plan, StateHub(DaemonState("ready", grant, "initial")), lambda: None)
+        return await control.fit_to_measured()
+
+    assert asyncio.run(run())
+    assert engine.reloads[-1] == 0 and engine.snapshot().load_report.vram_bytes() == 0
+    assert len(engine.reloads) <= MAX_CORRECTIONS + 1
 
 
 def test_a_load_that_fits_is_committed_as_is() -> None:

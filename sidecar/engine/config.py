@@ -39,6 +39,8 @@ class EngineConfig:
     tensor_overrides: tuple[tuple[str, str], ...] = ()
     op_offload: bool = True
     kv_on_gpu: bool = True
+    # The KV cache's ggml type ("F16"; "Q8_0" when the planner needs it to keep attention pinned).
+    kv_type: str = "F16"
     max_sessions: int = 64
     max_queue: int = 256
     max_prompt_tokens: int = 0  # 0: three quarters of the context, leaving room for the reply
@@ -46,6 +48,9 @@ class EngineConfig:
     # VRAM the planner expects this placement to take (0 without a plan): checked after loading
     # against what llama.cpp really allocated.
     planned_vram_bytes: int = 0
+    # The ggml device the GPU placement is on ("CUDA0", "RPC0"; "CPU" without one): whose buffers
+    # count against the budget.
+    device: str = "CPU"
     # The planner's Schedule this configuration came from (None without a plan): status shows
     # its predictions per tier next to what the engine measures.
     schedule: object | None = field(default=None, compare=False)

@@ -116,6 +116,7 @@ class Engine:
                 flash_attention=config.flash_attention,
                 op_offload=config.op_offload,
                 kv_on_gpu=config.kv_on_gpu,
+                kv_type=config.kv_type,
             )
         except BaseException:
             model.close()

@@ -13,7 +13,7 @@ import numpy as np
 
 from sidecar.engine.native_log import capture_native_log
 from sidecar.engine.native_model import NativeModel
-from sidecar.errors import EngineFailure, ModelLoadError, ResourceExhausted
+from sidecar.errors import EngineFailure, InvalidArgument, ModelLoadError, ResourceExhausted
 
 _FLASH = {
     None: llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO,
@@ -30,6 +30,14 @@ class BatchEntry:
     pos: int
     seq: int
     logits: bool
+
+
+def kv_ggml_type(name: str) -> int:
+    """The ggml type id of a KV cache type name ("F16", "Q8_0"); InvalidArgument for others."""
+    value = getattr(llama_cpp, f"GGML_TYPE_{name.upper()}", None)
+    if not isinstance(value, int):
+        raise InvalidArgument(f"unknown KV cache type {name!r}")
+    return value
 
 
 class NativeContext:
@@ -55,6 +63,7 @@ class NativeContext:
         flash_attention: bool | None,
         op_offload: bool = True,
         kv_on_gpu: bool = True,
+        kv_type: str = "F16",
     ) -> None:
         params = llama_cpp.llama_context_default_params()
         params.n_ctx = ctx_per_seq * n_seq
@@ -68,6 +77,7 @@ class NativeContext:
         params.op_offload = op_offload
         params.offload_kqv = kv_on_gpu
         params.flash_attn_type = _FLASH[flash_attention]
+        params.type_k = params.type_v = kv_ggml_type(kv_type)
         with capture_native_log() as context_log:
             self.ptr = llama_cpp.llama_init_from_model(model.ptr, params)
         self.load_log = context_log

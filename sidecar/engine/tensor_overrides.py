@@ -12,7 +12,7 @@ import ctypes
 import re
 
 from sidecar.errors import InvalidArgument
-from sidecar.ggml_devices import ggml_libraries, llama_lib_dir
+from sidecar.ggml_devices import device_by_name, ggml_libraries, open_library
 
 
 class _BuftOverride(ctypes.Structure):
@@ -20,20 +20,17 @@ class _BuftOverride(ctypes.Structure):
 
 
 def buffer_type(device: str) -> int:
-    """The ggml buffer type for "CPU" or a ggml device name such as "CUDA0"."""
-    ggml, base = ggml_libraries()
+    """The ggml buffer type for "CPU" or a ggml device name such as "CUDA0" or "RPC0", taken from
+    the ggml libllama uses (a buffer type from another copy of ggml would be foreign to it)."""
+    _, base = ggml_libraries()
     if device == "CPU":
-        cpu = ctypes.CDLL(str(llama_lib_dir() / "libggml-cpu.so"))
+        cpu = open_library("libggml-cpu")
         cpu.ggml_backend_cpu_buffer_type.restype = ctypes.c_void_p
         cpu.ggml_backend_cpu_buffer_type.argtypes = []
         return cpu.ggml_backend_cpu_buffer_type()
-    ggml.ggml_backend_dev_by_name.restype = ctypes.c_void_p
-    ggml.ggml_backend_dev_by_name.argtypes = [ctypes.c_char_p]
-    dev = ggml.ggml_backend_dev_by_name(device.encode())
+    dev = device_by_name(device)
     if not dev:
         raise InvalidArgument(f"llama.cpp has no device {device!r} (this build sees none, or another name)")
-    base.ggml_backend_dev_buffer_type.restype = ctypes.c_void_p
-    base.ggml_backend_dev_buffer_type.argtypes = [ctypes.c_void_p]
     return base.ggml_backend_dev_buffer_type(dev)
 
 

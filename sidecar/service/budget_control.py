@@ -33,10 +33,12 @@ AUTO_POLL_S = 2.0
 # may cost a reload.
 AUTO_HYSTERESIS_BYTES = 128 << 20
 # After a load, llama.cpp's own buffers may exceed what the plan predicted (allocator padding,
-# backend scratch the cost model does not know). Beyond this slack the budget handed to the
-# planner shrinks by the overshoot and the engine reloads: the game's grant is a hard limit.
-MEASURED_SLACK_BYTES = 32 << 20
-MAX_CORRECTIONS = 2
+# backend scratch the cost model does not know). The game's grant is a hard limit: on any
+# overshoot the budget handed to the planner shrinks by it, plus this margin for what the next
+# load pads again, and the engine reloads; after MAX_CORRECTIONS the CPU plan is the last resort.
+# (A slack of 32 MiB here once let a 24 MiB grant end at 30 MiB on the device.)
+MEASURED_MARGIN_BYTES = 1 << 20
+MAX_CORRECTIONS = 3
 
 
 def corrected_budget(granted: Budget, planned_for: Budget, measured_vram: int) -> Budget | None:
@@ -45,9 +47,10 @@ def corrected_budget(granted: Budget, planned_for: Budget, measured_vram: int) -
     `planned_for` is the budget the current placement was planned with (smaller than `granted`
     after an earlier correction): each correction takes the overshoot off it again."""
     overshoot = measured_vram - granted.vram_bytes
-    if granted.vram_bytes == 0 or overshoot <= MEASURED_SLACK_BYTES:
+    if granted.vram_bytes == 0 or overshoot <= 0:
         return None
-    return Budget(vram_bytes=max(planned_for.vram_bytes - overshoot - MEASURED_SLACK_BYTES, 0),
+    margin = MEASURED_MARGIN_BYTES + granted.vram_bytes // 100
+    return Budget(vram_bytes=max(planned_for.vram_bytes - overshoot - margin, 0),
                   max_cpu_threads=planned_for.max_cpu_threads)
 
 
@@ -120,11 +123,13 @@ class BudgetControl:
         """Load in stages: the plan fits, the engine allocates, and only a placement whose measured
         buffers fit the grant is committed; otherwise plan again with the overshoot taken off."""
         planned_for, reloaded, pause_ms = granted, False, 0.0
-        for _ in range(MAX_CORRECTIONS):
+        for attempt in range(MAX_CORRECTIONS + 1):
             measured = self.engine.snapshot().load_report.vram_bytes()
             smaller = corrected_budget(granted, planned_for, measured)
             if smaller is None:
                 break
+            if attempt == MAX_CORRECTIONS or smaller.vram_bytes == planned_for.vram_bytes:
+                smaller = Budget(0, planned_for.max_cpu_threads)  # nothing smaller fits: the CPU plan
             log.warning("llama.cpp took more VRAM than planned; planning again with less",
                         granted=granted.vram_bytes, measured=measured, planned=self.engine.config.planned_vram_bytes,
                         next_budget=smaller.vram_bytes)

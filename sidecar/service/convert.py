@@ -167,6 +167,20 @@ def phase_to_pb(phase_name: str) -> int:
     return _PHASE.get(phase_name, pb.ENGINE_PHASE_UNSPECIFIED)
 
 
+def device_memory_to_pb(report) -> list[pb.DeviceMemory]:
+    """Per-device buffers as llama.cpp reported them, with ggml's memory figures for each device."""
+    from sidecar.ggml_devices import device_memory
+
+    out = []
+    for device, kinds in sorted(report.by_device().items()):
+        free, total = (device_memory(device) or (0, 0)) if device != "CPU" else (0, 0)
+        out.append(pb.DeviceMemory(
+            device=device, model_bytes=kinds["model"], kv_cache_bytes=kinds["kv"], compute_bytes=kinds["compute"],
+            output_bytes=kinds["output"], free_bytes=free, total_bytes=total,
+        ))
+    return out
+
+
 def status_to_pb(
     snap: EngineSnapshot,
     *,
@@ -206,6 +220,8 @@ def status_to_pb(
             vram_used_bytes=snap.load_report.vram_bytes(),
             kv_cache_bytes=snap.kv_cache_bytes,
             planned_vram_bytes=c.planned_vram_bytes,
+            devices=device_memory_to_pb(snap.load_report),
+            placement_device=c.device,
         ),
         throughput=pb.Throughput(
             tokens_generated=t.tokens_generated,

@@ -360,20 +360,42 @@ class ModelInfo(_message.Message):
     def __init__(self, path: _Optional[str] = ..., name: _Optional[str] = ..., architecture: _Optional[str] = ..., parameters: _Optional[int] = ..., file_bytes: _Optional[int] = ..., trained_context: _Optional[int] = ..., layers: _Optional[int] = ..., experts: _Optional[int] = ..., chat_template: _Optional[str] = ..., vision_available: _Optional[bool] = ..., projector_path: _Optional[str] = ...) -> None: ...
 
 class MemoryUse(_message.Message):
-    __slots__ = ("host_resident_bytes", "vram_used_bytes", "model_host_bytes", "model_vram_bytes", "kv_cache_bytes", "planned_vram_bytes")
+    __slots__ = ("host_resident_bytes", "vram_used_bytes", "model_host_bytes", "model_vram_bytes", "kv_cache_bytes", "planned_vram_bytes", "devices", "placement_device")
     HOST_RESIDENT_BYTES_FIELD_NUMBER: _ClassVar[int]
     VRAM_USED_BYTES_FIELD_NUMBER: _ClassVar[int]
     MODEL_HOST_BYTES_FIELD_NUMBER: _ClassVar[int]
     MODEL_VRAM_BYTES_FIELD_NUMBER: _ClassVar[int]
     KV_CACHE_BYTES_FIELD_NUMBER: _ClassVar[int]
     PLANNED_VRAM_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DEVICES_FIELD_NUMBER: _ClassVar[int]
+    PLACEMENT_DEVICE_FIELD_NUMBER: _ClassVar[int]
     host_resident_bytes: int
     vram_used_bytes: int
     model_host_bytes: int
     model_vram_bytes: int
     kv_cache_bytes: int
     planned_vram_bytes: int
-    def __init__(self, host_resident_bytes: _Optional[int] = ..., vram_used_bytes: _Optional[int] = ..., model_host_bytes: _Optional[int] = ..., model_vram_bytes: _Optional[int] = ..., kv_cache_bytes: _Optional[int] = ..., planned_vram_bytes: _Optional[int] = ...) -> None: ...
+    devices: _containers.RepeatedCompositeFieldContainer[DeviceMemory]
+    placement_device: str
+    def __init__(self, host_resident_bytes: _Optional[int] = ..., vram_used_bytes: _Optional[int] = ..., model_host_bytes: _Optional[int] = ..., model_vram_bytes: _Optional[int] = ..., kv_cache_bytes: _Optional[int] = ..., planned_vram_bytes: _Optional[int] = ..., devices: _Optional[_Iterable[_Union[DeviceMemory, _Mapping]]] = ..., placement_device: _Optional[str] = ...) -> None: ...
+
+class DeviceMemory(_message.Message):
+    __slots__ = ("device", "model_bytes", "kv_cache_bytes", "compute_bytes", "output_bytes", "free_bytes", "total_bytes")
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    MODEL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    KV_CACHE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    FREE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    device: str
+    model_bytes: int
+    kv_cache_bytes: int
+    compute_bytes: int
+    output_bytes: int
+    free_bytes: int
+    total_bytes: int
+    def __init__(self, device: _Optional[str] = ..., model_bytes: _Optional[int] = ..., kv_cache_bytes: _Optional[int] = ..., compute_bytes: _Optional[int] = ..., output_bytes: _Optional[int] = ..., free_bytes: _Optional[int] = ..., total_bytes: _Optional[int] = ...) -> None: ...
 
 class Throughput(_message.Message):
     __slots__ = ("tokens_generated", "prompt_tokens_processed", "decode_tokens_per_s", "prefill_tokens_per_s", "requests_served", "requests_active", "requests_queued")
