@@ -62,7 +62,7 @@ async def _serve(settings: Settings, lifecycle: DaemonLifecycle, ready: asyncio.
         )
         service = SidecarService(engine, budget, info)
         service.budget_control = BudgetControl(
-            engine, budget, lambda b: engine_config(settings, b, inputs, projector), service.state,
+            engine, budget, lambda b: engine_config(settings, b, inputs, projector, kv_type=engine.config.kv_type), service.state,
             lambda: gpu_free_bytes(engine.config.device),
         )
         await service.budget_control.fit_to_measured()

@@ -104,9 +104,14 @@ def load_projector(settings: Settings):
 
 
 def engine_config(
-    settings: Settings, budget: Budget | None = None, inputs: PlanInputs | None = None, projector=None
+    settings: Settings, budget: Budget | None = None, inputs: PlanInputs | None = None, projector=None,
+    kv_type: str | None = None,
 ) -> EngineConfig:
-    """The engine configuration for `budget` (default: the one the daemon was started with)."""
+    """The engine configuration for `budget` (default: the one the daemon was started with).
+
+    `kv_type` pins the KV cache type (re-plans of a running daemon pass the one in force:
+    llama.cpp restores a saved sequence only into a cache of the same type, so a budget change
+    that switched F16 for Q8_0 would lose every conversation); None lets the planner choose."""
     budget = budget or settings.budget_value
     base = cpu_engine_config(settings, budget)
     schedule = None
@@ -118,7 +123,8 @@ def engine_config(
             inputs.hardware,
             budget,
             ctx=settings.ctx * settings.parallel,
-            options=PlanOptions(n_batch=settings.batch, flash_attention=settings.flash_attention_flag),
+            options=PlanOptions(n_batch=settings.batch, flash_attention=settings.flash_attention_flag,
+                                kv_type=kv_type or "auto"),
         )
         base = config_from_schedule(base, schedule, settings.threads, placement_device(settings))
     if projector is None:

@@ -19,7 +19,7 @@ from sidecar.service.budget_control import BudgetControl
 from sidecar.service.state import DaemonState, StateHub
 from sidecar.settings import Settings
 
-from device_helpers import DEVICE_HARDWARE, MIB, greedy_tokens
+from device_helpers import DEVICE_HARDWARE, MIB, greedy_tokens, rpc_device, smollm2_moe_path  # noqa: F401 (fixtures)
 
 # From nothing on the device to everything on it; SmolLM2 is 98 MB of weights.
 BUDGETS = (0, 24 * MIB, 48 * MIB, 96 * MIB, 4096 * MIB)
