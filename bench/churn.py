@@ -12,12 +12,17 @@ Where the reload happens:
            response's pause_ms. Needs a GPU: without one every weight is on the CPU already, the
            plan's placement does not change, and SetBudget answers reloaded=false (measured on
            the CPU-only machines these benchmarks were written on).
+  device   SetBudget on a real daemon placing onto a GPU-type ggml device without a GPU: ggml's
+           RPC backend serving this machine's CPU from a second process (sidecar.ggml_rpc), the
+           planner handed a described GPU (the stand-in is its speed; placement, buffers and
+           reloads are real). Alternates --vram and --vram-low. The default without a GPU when
+           llama.cpp was built with RPC (scripts/setup does).
   engine   the engine in-process, `Engine.reload(config, force=True)` alternating thread caps
            (1 and all cores), so each change rebuilds model and context exactly as a placement
-           change does. The default without a GPU.
+           change does.
 
-    python bench/churn.py [--via auto|daemon|engine] [--streams 8] [--tokens 192] [--every 2]
-                          [--reloads 10] [--vram 512M] [--json OUT]
+    python bench/churn.py [--via auto|daemon|device|engine] [--streams 8] [--tokens 192] [--every 2]
+                          [--reloads 10] [--vram 512M] [--vram-low 0] [--json OUT]
 """
 
 from __future__ import annotations
@@ -152,11 +157,24 @@ def churn_engine(model: Path, n_streams: int, tokens: int, every_s: float, reloa
 # -- through the daemon ---------------------------------------------------------------------------------
 
 
-def churn_daemon(model: Path, n_streams: int, tokens: int, every_s: float, reloads: int, vram: str) -> dict:
+def churn_device(model: Path, n_streams: int, tokens: int, every_s: float, reloads: int, vram: str, vram_low: str) -> dict:
+    """churn_daemon against a daemon that places onto an RPC device served from a second process."""
+    from sidecar.ggml_rpc import STAND_IN_GPU_HARDWARE, RpcServerProcess
+
+    # One thread on each side: two each on two cores thrash OpenMP's barriers.
+    with RpcServerProcess(threads=1) as server:
+        result = churn_daemon(model, n_streams, tokens, every_s, reloads, vram, vram_low,
+                              ("--rpc", server.endpoint, "--hardware", STAND_IN_GPU_HARDWARE, "--threads", "1",
+                               "--ctx", "512"))
+    return result | {"via": "device"}
+
+
+def churn_daemon(model: Path, n_streams: int, tokens: int, every_s: float, reloads: int, vram: str,
+                 vram_low: str = "0", extra: tuple[str, ...] = ()) -> dict:
     from conftest import start_daemon, stop_daemon
     from sidecar.api import pb
 
-    daemon = start_daemon("--model", str(model), "--parallel", str(n_streams), "--ctx", "1024", "--budget", "0")
+    daemon = start_daemon("--model", str(model), "--parallel", str(n_streams), "--ctx", "1024", "--budget", vram_low, *extra)
     greedy = pb.SamplingParams(temperature=0.0, seed=1)
 
     def run_all(client) -> Streams:
@@ -194,7 +212,7 @@ def churn_daemon(model: Path, n_streams: int, tokens: int, every_s: float, reloa
                 streams = run_all(client)
                 n = 0
                 while not streams.wait(every_s):
-                    change = client.set_budget(pb.SetBudgetRequest(vram_size=vram if n % 2 == 0 else "0"))
+                    change = client.set_budget(pb.SetBudgetRequest(vram_size=vram if n % 2 == 0 else vram_low))
                     n += 1
                     answers.append(change.reloaded)
                     if change.reloaded:
@@ -210,17 +228,23 @@ def churn_daemon(model: Path, n_streams: int, tokens: int, every_s: float, reloa
 
 
 def run(model: Path | None = None, via: str = "auto", n_streams: int = 8, tokens: int = 192, every_s: float = 2.0,
-        reloads: int = 10, vram: str = "512M") -> dict:
+        reloads: int = 10, vram: str = "512M", vram_low: str = "0") -> dict:
     from sidecar.default_model import default_model_path
+    from sidecar.ggml_rpc import rpc_available
 
     model = model or default_model_path()
     if via == "auto":
-        via = "daemon" if gpu_present() else "engine"
-        print(f"(--via auto: {'a GPU is visible: SetBudget through the daemon' if via == 'daemon' else 'no GPU: SetBudget cannot change placement here, so reloads are forced in the engine (Engine.reload(config, force=True))'})")
+        via = "daemon" if gpu_present() else "device" if rpc_available() else "engine"
+        print({"daemon": "(--via auto: a GPU is visible: SetBudget through the daemon)",
+               "device": "(--via auto: no GPU; SetBudget through a daemon placing onto ggml's RPC device)",
+               "engine": "(--via auto: no GPU and no RPC build: reloads are forced in the engine "
+                         "(Engine.reload(config, force=True)))"}[via])
     print(f"\n== budget churn: {n_streams} live streams, {tokens} tokens each, a reloading budget change every "
           f"{every_s:g} s, rounds of {n_streams} streams until {reloads} reloads, via the {via} ==")
-    if via == "daemon":
-        result = churn_daemon(model, n_streams, tokens, every_s, reloads, vram)
+    if via == "device":
+        result = churn_device(model, n_streams, tokens, every_s, reloads, vram, vram_low)
+    elif via == "daemon":
+        result = churn_daemon(model, n_streams, tokens, every_s, reloads, vram, vram_low)
         if result["budget_changes"] and not result["reloads"]:
             print(f"SetBudget answered reloaded=false to all {result['budget_changes']} changes: placement did not change "
                   "(no GPU?); use --via engine to measure reload pauses")
@@ -249,15 +273,16 @@ def run(model: Path | None = None, via: str = "auto", n_streams: int = 8, tokens
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", type=Path, default=None, help="GGUF (default: the bundled SmolLM2)")
-    ap.add_argument("--via", choices=("auto", "daemon", "engine"), default="auto")
+    ap.add_argument("--via", choices=("auto", "daemon", "device", "engine"), default="auto")
     ap.add_argument("--streams", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=192, help="tokens per reply")
     ap.add_argument("--every", type=float, default=2.0, help="seconds between budget changes")
     ap.add_argument("--reloads", type=int, default=10, help="run rounds of streams until this many reloads (at most 20 rounds)")
-    ap.add_argument("--vram", default="512M", help="the budget alternated with 0 when --via daemon")
+    ap.add_argument("--vram", default="512M", help="the budget alternated with --vram-low (daemon, device)")
+    ap.add_argument("--vram-low", default="0", help="the other budget (e.g. 24M on the device: part of it placed)")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
-    result = run(args.model, args.via, args.streams, args.tokens, args.every, args.reloads, args.vram)
+    result = run(args.model, args.via, args.streams, args.tokens, args.every, args.reloads, args.vram, args.vram_low)
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
     return 0 if result["ok"] else 1

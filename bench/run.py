@@ -99,7 +99,9 @@ def scenario_vision(args: argparse.Namespace) -> dict:
 def scenario_churn(args: argparse.Namespace) -> dict:
     import churn
 
-    return churn.run(args.model_path, tokens=96 if args.quick else 192, reloads=3 if args.quick else 10)
+    # On the RPC device (no GPU here) "4G" is all on the device and 24M part of the attention.
+    return churn.run(args.model_path, tokens=96 if args.quick else 192, reloads=3 if args.quick else 10,
+                     vram="4G", vram_low="24M")
 
 
 # name -> (what it measures, how to run it); `all` runs them in this order.

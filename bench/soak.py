@@ -18,7 +18,12 @@ and prints its figures; the exit code is 1 when a check fails. Not part of the t
     python bench/soak.py [--duration 300] [--streams 16] [--json OUT]       (--duration 30: a quick look)
 
 Without a GPU a budget change moves no weights (everything is on the CPU already), so SetBudget
-changes the thread cap and answers reloaded=false; `bench/churn.py` forces reloads in the engine.
+changes the thread cap and answers reloaded=false. With --device the daemon places onto a GPU-type
+ggml device that runs on this machine's CPU (ggml's RPC backend in a second process, the planner
+handed a described GPU, as bench/churn.py --via device): then every budget change moves tensors
+and reloads for real.
+
+    python bench/soak.py --device [--duration 300]
 """
 
 from __future__ import annotations
@@ -43,6 +48,9 @@ PROMPTS = [f"In a few sentences, tell me about a {a} {b}." for a in ("brave", "s
 MAX_TOKENS_CHOICES = (24, 48, 96)
 # Budgets the soak cycles through: (VRAM size, thread cap).
 BUDGETS = (("0", 1), ("512M", 2), ("1G", 1), ("0", 2))
+# On the RPC device every one of these places differently: part of the attention, all of the
+# model, attention and a few whole layers, nothing (the thread cap stays 1: see churn_device).
+DEVICE_BUDGETS = (("24M", 1), ("4G", 1), ("96M", 1), ("0", 1))
 RSS_LIMIT = 0.05
 SEED = 1234
 
@@ -251,12 +259,13 @@ class BudgetEvent:
     error: str = ""
 
 
-def change_budgets(client, stop: threading.Event, every_s: float, started: float, events: list[BudgetEvent]) -> None:
+def change_budgets(client, stop: threading.Event, every_s: float, started: float, events: list[BudgetEvent],
+                   budgets: tuple[tuple[str, int], ...] = BUDGETS) -> None:
     from sidecar.api import pb
 
     n = 0
     while not stop.wait(every_s):
-        vram, threads = BUDGETS[n % len(BUDGETS)]
+        vram, threads = budgets[n % len(budgets)]
         n += 1
         t0 = time.perf_counter()
         try:
@@ -267,12 +276,31 @@ def change_budgets(client, stop: threading.Event, every_s: float, started: float
 
 
 def soak(duration_s: float, n_streams: int, budget_every_s: float, cancel_share: float, max_gap_s: float,
-         model: Path | None) -> tuple[Verdict, dict]:
+         model: Path | None, device: bool = False) -> tuple[Verdict, dict]:
+    if not device:
+        return _soak(duration_s, n_streams, budget_every_s, cancel_share, max_gap_s, model, (), BUDGETS, None)
+    from sidecar.ggml_rpc import STAND_IN_GPU_HARDWARE, RpcServerProcess
+
+    with RpcServerProcess(threads=1) as server:
+        extra = ("--rpc", server.endpoint, "--hardware", STAND_IN_GPU_HARDWARE, "--threads", "1", "--budget", "4G")
+        # Memory is compared at the budget the baseline was taken at: on the device, where the KV
+        # cache and weights live (and so the daemon's own resident memory) follows the budget.
+        verdict, figures = _soak(duration_s, n_streams, budget_every_s, cancel_share, max_gap_s, model, extra,
+                                 DEVICE_BUDGETS, "4G")
+    reloads = [e for e in figures["budget_changes"] if e["reloaded"]]
+    if len(reloads) < len(figures["budget_changes"]):
+        verdict.failures.append(f"only {len(reloads)} of {len(figures['budget_changes'])} budget changes reloaded on the device")
+    return verdict, figures | {"device": "RPC0", "reloads": len(reloads)}
+
+
+def _soak(duration_s: float, n_streams: int, budget_every_s: float, cancel_share: float, max_gap_s: float,
+          model: Path | None, extra: tuple[str, ...], budgets: tuple[tuple[str, int], ...],
+          final_budget: str | None) -> tuple[Verdict, dict]:
     import psutil
 
     from conftest import start_daemon, stop_daemon
 
-    args = ["--parallel", str(n_streams), "--ctx", "512", "--stream-interval-ms", "0"]
+    args = ["--parallel", str(n_streams), "--ctx", "512", "--stream-interval-ms", "0", *extra]
     if model:
         args = ["--model", str(model), *args]
     daemon = start_daemon(*args)
@@ -304,7 +332,8 @@ def soak(duration_s: float, n_streams: int, budget_every_s: float, cancel_share:
                     with lock:
                         records.append(record)
 
-            changer = threading.Thread(target=change_budgets, args=(client, stop, budget_every_s, started, budget_events))
+            changer = threading.Thread(target=change_budgets,
+                                       args=(client, stop, budget_every_s, started, budget_events, budgets))
             workers = [threading.Thread(target=stream_loop, args=(w,), daemon=True) for w in range(n_streams)]
             changer.start()
             for w in workers:
@@ -317,6 +346,10 @@ def soak(duration_s: float, n_streams: int, budget_every_s: float, cancel_share:
             stop.set()
             changer.join()
             elapsed = time.perf_counter() - started
+            if final_budget is not None:
+                from sidecar.api import pb
+
+                client.set_budget(pb.SetBudgetRequest(vram_size=final_budget))
             rss_end = proc.memory_info().rss
     finally:
         stop_daemon(daemon)
@@ -380,10 +413,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-gap-s", type=float, default=2.0, help="fail when the p99 gap between chunks is above this")
     ap.add_argument("--model", type=Path, default=None, help="GGUF (default: the bundled SmolLM2)")
     ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    ap.add_argument("--device", action="store_true", help="place onto ggml's RPC device: budget changes reload for real")
     args = ap.parse_args(argv)
     print(f"soak: {args.streams} streams, {args.duration:.0f} s, budget change every {args.budget_every:.0f} s, "
           f"~{args.cancel_share:.0%} of requests cancelled")
-    verdict, figures = soak(args.duration, args.streams, args.budget_every, args.cancel_share, args.max_gap_s, args.model)
+    verdict, figures = soak(args.duration, args.streams, args.budget_every, args.cancel_share, args.max_gap_s, args.model,
+                            args.device)
     print_figures(verdict, figures, args.max_gap_s)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -27,6 +27,13 @@ from pathlib import Path
 from sidecar.ggml_devices import cpu_device_handle, ggml_libraries, library_path, list_ggml_devices, open_library
 
 
+# How the planner should see an RPC device that stands in for a GPU (`serve --hardware`): a
+# desktop-class GPU of 8 GiB on PCIe 4.0 x16. Only the speed is made up (the RPC device runs at
+# CPU speed); the placement, the buffers and the reloads it leads to are real. Two cores, one
+# thread each side: two each thrash OpenMP's barriers on a 2-core machine.
+STAND_IN_GPU_HARDWARE = "cpu=2/2,dram=50,ram=24G,gpu=8G,gpu_bw=400,tflops=20,pcie=4.0x16,gpu_name=RPC0"
+
+
 class RpcUnavailable(RuntimeError):
     """This llama-cpp-python was built without GGML_RPC (scripts/setup builds it with RPC)."""
 

@@ -15,6 +15,8 @@ builds the new model and context, restores, and carries on: no stream notices bu
 
 from __future__ import annotations
 
+import ctypes
+
 import queue
 import threading
 import time
@@ -608,9 +610,12 @@ class Engine:
             return
         self.encoder = self._open_encoder(self.config)
         self._restore_all(saved)
+        restored = len(saved)
+        saved.clear()
+        release_freed_memory()
         self.phase = EnginePhase.READY
         self.last_reload_pause_ms = (time.perf_counter() - t0) * 1000.0
-        log.info("reloaded", pause_ms=round(self.last_reload_pause_ms, 1), sequences=len(saved))
+        log.info("reloaded", pause_ms=round(self.last_reload_pause_ms, 1), sequences=restored)
         request.done.set_result((True, self.last_reload_pause_ms))
 
     def _restore_all(self, saved: dict[int, bytes]) -> None:
@@ -620,6 +625,18 @@ class Engine:
 
 # Read per pass (threads) or only reported (the schedule's predictions): changing them needs no reload.
 _THREAD_FIELDS = {"threads_decode", "threads_prefill", "tier_threads", "schedule"}
+
+
+def release_freed_memory() -> None:
+    """Hand memory freed by a reload back to the OS (glibc's malloc_trim). The saved sequences and
+    the old host-side KV cache are freed in pieces of a few MB, which glibc keeps in its heap; a
+    game watching our resident memory would see it grow with every budget change (seen in the
+    soak on the RPC device: +27% after twelve reloads)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to trim, or another allocator
+        pass
 
 
 def _same_placement(a: EngineConfig, b: EngineConfig) -> bool:

@@ -23,9 +23,11 @@ import pytest
 from sidecar.engine import Engine, Finished, GenerationSpec, Prompt, SamplingConfig, TextDelta
 from sidecar.errors import SidecarError
 
-# A desktop-class GPU as the planner should see RPC0 (a stand-in for speed only: nothing here is
-# measured). 8 GiB, far above every budget the tests grant, so the budget is what binds.
-DEVICE_HARDWARE = "cpu=2/2,dram=50,ram=24G,gpu=8G,gpu_bw=400,tflops=20,pcie=4.0x16,gpu_name=RPC0"
+from sidecar.ggml_rpc import STAND_IN_GPU_HARDWARE
+
+# A desktop-class GPU as the planner should see RPC0 (a stand-in for speed only). 8 GiB, far
+# above every budget the tests grant, so the budget is what binds.
+DEVICE_HARDWARE = STAND_IN_GPU_HARDWARE
 GREEDY = SamplingConfig(temperature=0.0, repeat_penalty=1.0)
 MIB = 1 << 20
 
