@@ -196,6 +196,7 @@ def config_from_schedule(base: EngineConfig, schedule, threads_flag: int = 0, de
         op_offload=schedule.op_offload,
         kv_on_gpu=schedule.kv_on_gpu,
         kv_type=schedule.kv_type,
+        n_outputs_max=min(max(schedule.n_outputs_max, base.n_seq), base.n_batch),
         planned_vram_bytes=schedule.vram_bytes if gpu != "CPU" else 0,
         device=gpu,
         schedule=schedule,
@@ -257,6 +258,7 @@ def cpu_engine_config(settings: Settings, budget: Budget) -> EngineConfig:
         max_sessions=settings.max_sessions,
         max_prompt_tokens=min(settings.max_prompt_tokens, settings.ctx - 1),  # 0 stays 0: the engine's default
         max_tokens_per_request=settings.max_tokens_per_request,
+        n_outputs_max=min(settings.parallel, settings.batch),  # one logits row per sequence and pass
     )
 
 

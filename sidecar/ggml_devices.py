@@ -182,6 +182,12 @@ def device_memory(name: str) -> tuple[int, int] | None:
     return memory
 
 
+# Buffer type name -> device name, for every device whose buffer type was asked for. RPC buffer
+# types are named after the server's own device index, so the first device of every server is
+# "RPC0[host:port]" whatever llama.cpp calls the device (RPC0, RPC1, ...): only this table tells.
+_buffer_devices: dict[str, str] = {}
+
+
 def buffer_type_name(name: str) -> str | None:
     """The name of device `name`'s own buffer type as llama.cpp logs it ("CUDA0",
     "RPC0[127.0.0.1:50052]"), or None for an unknown device."""
@@ -190,7 +196,17 @@ def buffer_type_name(name: str) -> str | None:
         return None
     _, base = ggml_libraries()
     buft = base.ggml_backend_dev_buffer_type(handle)
-    return (base.ggml_backend_buft_name(buft) or b"").decode(errors="replace") if buft else None
+    if not buft:
+        return None
+    buft_name = (base.ggml_backend_buft_name(buft) or b"").decode(errors="replace")
+    _buffer_devices[buft_name] = name
+    return buft_name
+
+
+def known_buffer_device(buffer_type: str) -> str | None:
+    """The device a buffer type name belongs to, when buffer_type_name was asked for it (no
+    native call: safe from any thread)."""
+    return _buffer_devices.get(buffer_type)
 
 
 def list_ggml_devices() -> tuple[GgmlDevice, ...]:

@@ -24,7 +24,14 @@ import time
 from functools import lru_cache
 from pathlib import Path
 
-from sidecar.ggml_devices import cpu_device_handle, ggml_libraries, library_path, list_ggml_devices, open_library
+from sidecar.ggml_devices import (
+    buffer_type_name,
+    cpu_device_handle,
+    ggml_libraries,
+    library_path,
+    list_ggml_devices,
+    open_library,
+)
 
 
 # How the planner should see an RPC device that stands in for a GPU (`serve --hardware`): a
@@ -74,9 +81,12 @@ def add_rpc_server(endpoint: str) -> tuple[str, ...]:
     if not reg:
         raise RuntimeError(f"ggml could not reach the RPC server at {endpoint}")
     ggml.ggml_backend_register(reg)  # add_server returns an unregistered entry, as llama.cpp's --rpc does
-    # list_ggml_devices reads (and keeps) each new device's fixed memory figure now, before any
-    # engine shares the connection.
-    return tuple(d.name for d in list_ggml_devices() if d.name not in before)
+    # list_ggml_devices reads (and keeps) each new device's fixed memory figure now, and
+    # buffer_type_name its buffer type's name, before any engine shares the connection.
+    added = tuple(d.name for d in list_ggml_devices() if d.name not in before)
+    for name in added:
+        buffer_type_name(name)
+    return added
 
 
 def serve_forever(endpoint: str, threads: int, cache_dir: str | None = None) -> None:

@@ -103,3 +103,36 @@ def daemon() -> Iterator[RunningDaemon]:
 def client(daemon: RunningDaemon) -> Iterator[SidecarClient]:
     with daemon.client(timeout_s=120) as c:
         yield c
+
+
+def require_rpc() -> None:
+    """Skip (or fail, under XLM_REQUIRE_GPU_DEVICE=1, as in CI) without ggml's RPC backend."""
+    from sidecar.ggml_rpc import rpc_available
+
+    if rpc_available():
+        return
+    reason = "llama-cpp-python has no RPC backend: run ./scripts/setup (it builds one) to run the GPU-device tests"
+    if os.environ.get("XLM_REQUIRE_GPU_DEVICE") == "1":
+        pytest.fail(reason)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def rpc_device() -> Iterator[str]:
+    """A GPU-type ggml device (RPC0) registered in this test process, served from a second process
+    (sidecar.ggml_rpc; see tests/gpu/device_helpers.py). One per test process: a client keeps its
+    connection for its whole life, and a server serves one client at a time."""
+    from sidecar.ggml_rpc import RpcServerProcess, add_rpc_server
+
+    require_rpc()
+    with RpcServerProcess(threads=1) as server:
+        (name,) = add_rpc_server(server.endpoint)
+        yield name
+
+
+@pytest.fixture(scope="session")
+def smollm2_moe_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """SmolLM2 as a mixture of 4 identical experts (generated once per test session)."""
+    from sidecar.testmodels import smollm2_source_path, write_smollm2_moe
+
+    return write_smollm2_moe(tmp_path_factory.mktemp("moe") / "smollm2_moe.gguf", source=smollm2_source_path())

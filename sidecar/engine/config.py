@@ -41,6 +41,9 @@ class EngineConfig:
     kv_on_gpu: bool = True
     # The KV cache's ggml type ("F16"; "Q8_0" when the planner needs it to keep attention pinned).
     kv_type: str = "F16"
+    # Most tokens of one pass that ask for logits (0: n_batch). The engine asks for one per
+    # sequence at most, so n_seq always suffices; the plan sizes the logits buffer from this.
+    n_outputs_max: int = 0
     max_sessions: int = 64
     max_queue: int = 256
     max_prompt_tokens: int = 0  # 0: three quarters of the context, leaving room for the reply

@@ -119,6 +119,7 @@ class Engine:
                 op_offload=config.op_offload,
                 kv_on_gpu=config.kv_on_gpu,
                 kv_type=config.kv_type,
+                n_outputs_max=config.n_outputs_max,
             )
         except BaseException:
             model.close()

@@ -91,7 +91,12 @@ def is_vram(buffer_type: str) -> bool:
 
 def buffer_device(buffer_type: str) -> str:
     """The ggml device whose memory a buffer type is: "CUDA0" -> "CUDA0",
-    "RPC0[127.0.0.1:50052]" -> "RPC0", every host buffer -> "CPU"."""
+    "RPC0[127.0.0.1:50052]" -> the RPC device registered for that server, every host buffer ->
+    "CPU"."""
+    from sidecar.ggml_devices import known_buffer_device
+
+    if known := known_buffer_device(buffer_type):
+        return known
     m = _VRAM_BUFFER.match(buffer_type)
     return m["device"] if m else "CPU"
 

@@ -64,6 +64,7 @@ class NativeContext:
         op_offload: bool = True,
         kv_on_gpu: bool = True,
         kv_type: str = "F16",
+        n_outputs_max: int = 0,
     ) -> None:
         params = llama_cpp.llama_context_default_params()
         params.n_ctx = ctx_per_seq * n_seq
@@ -78,6 +79,9 @@ class NativeContext:
         params.offload_kqv = kv_on_gpu
         params.flash_attn_type = _FLASH[flash_attention]
         params.type_k = params.type_v = kv_ggml_type(kv_type)
+        # The logits buffer llama.cpp reserves is n_vocab x n_outputs_max floats (n_batch when 0:
+        # 100 MB for SmolLM2 at 512), in the compute buffer of the device the output runs on.
+        params.n_outputs_max = n_outputs_max
         with capture_native_log() as context_log:
             self.ptr = llama_cpp.llama_init_from_model(model.ptr, params)
         self.load_log = context_log

@@ -7,20 +7,26 @@ the planner is handed a described GPU (DEVICE_HARDWARE) in place of a measured p
 speeds are the stand-in, the placement and the buffers are real.
 
 Without an RPC build of llama-cpp-python these tests skip, and say so; with
-XLM_REQUIRE_GPU_DEVICE=1 (CI) they fail instead. Test modules import the fixtures they use from
-here: a conftest.py in this folder would shadow tests/conftest.py, which they import by name.
+XLM_REQUIRE_GPU_DEVICE=1 (CI) they fail instead. The fixtures (rpc_device, smollm2_moe_path) are
+in tests/conftest.py: one RPC server for the whole test process, which registers it once (a
+conftest.py in this folder would shadow tests/conftest.py, which daemon tests import by name).
 """
 
 from __future__ import annotations
 
-import os
+import asyncio
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
+from conftest import require_rpc  # noqa: F401 (re-exported for the device tests)
 
+from sidecar.budget import Budget
 from sidecar.engine import Engine, Finished, GenerationSpec, Prompt, SamplingConfig, TextDelta
+from sidecar.executor import engine_config, load_plan_inputs
+from sidecar.model_info.units import OUTPUT, sub_layers
+from sidecar.service.budget_control import BudgetControl
+from sidecar.service.state import DaemonState, StateHub
+from sidecar.settings import Settings
 from sidecar.errors import SidecarError
 
 from sidecar.ggml_rpc import STAND_IN_GPU_HARDWARE
@@ -32,16 +38,24 @@ GREEDY = SamplingConfig(temperature=0.0, repeat_penalty=1.0)
 MIB = 1 << 20
 
 
-def require_rpc() -> None:
-    """Skip (or fail, under XLM_REQUIRE_GPU_DEVICE=1) without ggml's RPC backend."""
-    from sidecar.ggml_rpc import rpc_available
+def load_within(settings: Settings, budget: Budget) -> Engine:
+    """Load as the daemon does: plan, load, and re-plan while the measured buffers exceed the grant."""
+    inputs = load_plan_inputs(settings)
+    engine = Engine(engine_config(settings, budget, inputs))
+    control = BudgetControl(engine, budget, lambda b: engine_config(settings, b, inputs),
+                            StateHub(DaemonState(phase="ready", budget=budget, reason="initial")), lambda: None)
+    asyncio.run(control.fit_to_measured())
+    return engine
 
-    if rpc_available():
-        return
-    reason = "llama-cpp-python has no RPC backend: run ./scripts/setup (it builds one) to run the GPU-device tests"
-    if os.environ.get("XLM_REQUIRE_GPU_DEVICE") == "1":
-        pytest.fail(reason)
-    pytest.skip(reason)
+
+def measured_placement(engine: Engine, model) -> dict[str, str]:
+    """unit name -> "GPU0" when llama.cpp put all of its tensors on the device, else "CPU"."""
+    report, device = engine.load_report, engine.config.device
+    where = {}
+    for unit in sub_layers(model):
+        devices = {report.tensor_device(t, model.n_layer, output=unit.kind == OUTPUT) for t in unit.tensors}
+        where[unit.name] = "GPU0" if devices == {device} else "CPU"
+    return where
 
 
 def greedy_tokens(engine: Engine, text: str, max_tokens: int = 24) -> list[int]:
@@ -64,24 +78,3 @@ def greedy_tokens(engine: Engine, text: str, max_tokens: int = 24) -> list[int]:
         raise result[0]
     assert isinstance(result[0], Finished)
     return tokens
-
-
-@pytest.fixture(scope="session")
-def rpc_device() -> Iterator[str]:
-    """RPC0, registered in this test process against a server of its own (a client keeps its one
-    connection for its whole life, and a server serves one client at a time)."""
-    require_rpc()
-    from sidecar.ggml_rpc import RpcServerProcess, add_rpc_server
-
-    with RpcServerProcess(threads=1) as server:
-        (name,) = add_rpc_server(server.endpoint)
-        yield name
-
-
-@pytest.fixture(scope="session")
-def smollm2_moe_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from sidecar.testmodels import smollm2_source_path, write_smollm2_moe
-
-    return write_smollm2_moe(tmp_path_factory.mktemp("moe") / "smollm2_moe.gguf", source=smollm2_source_path())
-
-

@@ -6,20 +6,15 @@ own load report (layer assignments, overrides, per-buffer sizes), never from the
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import pytest
 
 from sidecar.budget import Budget
-from sidecar.engine import Engine
-from sidecar.executor import engine_config, load_plan_inputs
-from sidecar.model_info.units import OUTPUT, sub_layers
-from sidecar.service.budget_control import BudgetControl
-from sidecar.service.state import DaemonState, StateHub
+from sidecar.executor import load_plan_inputs
 from sidecar.settings import Settings
 
-from device_helpers import DEVICE_HARDWARE, MIB, greedy_tokens, rpc_device, smollm2_moe_path  # noqa: F401 (fixtures)
+from device_helpers import DEVICE_HARDWARE, MIB, greedy_tokens, load_within, measured_placement
 
 # From nothing on the device to everything on it; SmolLM2 is 98 MB of weights.
 BUDGETS = (0, 24 * MIB, 48 * MIB, 96 * MIB, 4096 * MIB)
@@ -29,26 +24,6 @@ QUESTION = "Name the three primary colours."
 def settings_for(model: Path) -> Settings:
     # One thread: the RPC server computes on the same two cores.
     return Settings(model=model, ctx=512, parallel=2, threads=1, hardware=DEVICE_HARDWARE)
-
-
-def load_within(settings: Settings, budget: Budget) -> Engine:
-    """Load as the daemon does: plan, load, and re-plan while the measured buffers exceed the grant."""
-    inputs = load_plan_inputs(settings)
-    engine = Engine(engine_config(settings, budget, inputs))
-    control = BudgetControl(engine, budget, lambda b: engine_config(settings, b, inputs),
-                            StateHub(DaemonState(phase="ready", budget=budget, reason="initial")), lambda: None)
-    asyncio.run(control.fit_to_measured())
-    return engine
-
-
-def measured_placement(engine: Engine, model) -> dict[str, str]:
-    """unit name -> "GPU0" when llama.cpp put all of its tensors on the device, else "CPU"."""
-    report, device = engine.load_report, engine.config.device
-    where = {}
-    for unit in sub_layers(model):
-        devices = {report.tensor_device(t, model.n_layer, output=unit.kind == OUTPUT) for t in unit.tensors}
-        where[unit.name] = "GPU0" if devices == {device} else "CPU"
-    return where
 
 
 @pytest.fixture(scope="module", params=["smollm2", "smollm2_moe"])

@@ -13,7 +13,6 @@ import os
 from pathlib import Path
 
 import pytest
-from device_helpers import rpc_device  # noqa: F401 (fixture)
 
 from sidecar.engine.load_report import parse_load_log
 from sidecar.engine.native_model import NativeModel
