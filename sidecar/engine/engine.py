@@ -13,7 +13,8 @@ its next turn. A reload (new placement after a budget change) saves every sequen
 builds the new model and context, restores, and carries on: no stream notices but for a pause.
 
 Parts of it live beside it: which sequence a request gets (slot_choice.py), keeping the replying
-sequences on the lowest ids (packing.py), reloads (reload.py), the final report (finish_report.py).
+sequences on the lowest ids (packing.py), reloads (reload.py), the final report (finish_report.py),
+and prompt prefixes shared across conversations (prefix_sharing.py, prefix_cache.py).
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ from sidecar.engine.native_context import NativeContext
 from sidecar.engine.native_log import install_native_log_filter
 from sidecar.engine.native_model import ModelFacts, NativeModel
 from sidecar.engine.phase import EnginePhase
+from sidecar.engine.prefix_cache import PrefixCache, PrefixCacheStats
+from sidecar.engine.prefix_sharing import PrefixSharing, shareable_tokens
 from sidecar.engine.image_prompt import image_report, tokenize_with_images, whole_images_prefix
 from sidecar.engine.finish_report import cancelled_before_start, finished
 from sidecar.engine.packing import packing_moves, swap
@@ -40,6 +43,7 @@ from sidecar.engine.reload import Reloading, ReloadRequest
 from sidecar.engine.requests import FinishReason, GenerationSpec, Job, Sink, TextDelta
 from sidecar.engine.sampling import SamplerChain
 from sidecar.engine.sessions import Session, SessionStore, SessionView
+from sidecar.engine.prompt_layout import assemble, context_tokens
 from sidecar.engine.slot import ActiveRequest, Slot
 from sidecar.engine.slot_choice import choose_slot, common_prefix, evict
 from sidecar.engine.stats import ThroughputSnapshot, ThroughputStats
@@ -74,6 +78,7 @@ class EngineSnapshot:
     last_reload_pause_ms: float
     load_report: LoadReport
     vision: EncoderStats | None = None
+    prefix_cache: PrefixCacheStats | None = None
 
 
 class Engine(Reloading):
@@ -90,6 +95,7 @@ class Engine(Reloading):
         self._kv_bytes_per_token = self.model.kv_bytes_per_token_f16()
         self._slots = [Slot(seq) for seq in range(config.n_seq)]
         self.sessions = SessionStore(config.max_sessions)
+        self.sharing = PrefixSharing(PrefixCache(config.prefix_cache_bytes), self._kv_bytes_per_token)
         self.stats = ThroughputStats()
         self._inbox: queue.Queue[Job | ReloadRequest | None] = queue.Queue()
         self._waiting: deque[Job] = deque()
@@ -184,6 +190,7 @@ class Engine(Reloading):
             last_reload_pause_ms=self.last_reload_pause_ms,
             load_report=self.load_report,
             vision=self.encoder.stats if self.encoder is not None else None,
+            prefix_cache=self.sharing.cache.stats(),
         )
 
     def close(self, timeout: float = 10.0) -> None:
@@ -249,11 +256,15 @@ class Engine(Reloading):
     def _admit(self) -> None:
         """Bind waiting requests to free sequences, in arrival order; a request whose session is
         mid-turn elsewhere waits for that turn to end."""
+        self._plan_sharing()
         still_waiting: deque[Job] = deque()
         while self._waiting:
             job = self._waiting.popleft()
             if job.cancelled:
                 job.sink(cancelled_before_start(job))
+                continue
+            if self.sharing.must_wait(job):
+                still_waiting.append(job)  # another request is computing its prefix right now
                 continue
             choice = choose_slot(job, self._slots, self.sessions, self._one_off_prompt_tokens)
             if choice is None:
@@ -282,6 +293,18 @@ class Engine(Reloading):
             job.prompt_tokens, _ = tokenize_with_images(self.model.tokenize, text, [])
         return job.prompt_tokens
 
+    def _plan_sharing(self) -> None:
+        new = [j for j in self._waiting if j.share_cut is None]
+        if new:
+            known = [j.prompt_tokens for j in self._waiting if j.prompt_tokens]
+            known += [s.active.prompt_tokens if s.active is not None else s.cached for s in self._slots]
+            self.sharing.plan(
+                new,
+                known,
+                lambda job: shareable_tokens(job, self.sessions, self._one_off_prompt_tokens),
+                lambda prompt: context_tokens(self.model.render_chat, self.model.tokenize, prompt),
+            )
+
     def _start(self, job: Job, slot: Slot) -> None:
         spec = job.spec
         session = self.sessions.open(spec.session_id) if spec.session_id else None
@@ -308,6 +331,8 @@ class Engine(Reloading):
             self._ctx.clear(slot.seq)
             common = 0
         del slot.cached[common:]
+        if not spans:
+            common = self.sharing.reuse(self._ctx, slot, tokens, common, job.share_cut or 0, self._slots)
         sampler = SamplerChain(self.model.vocab, self.model.n_vocab, spec.sampling, spec.grammar)
         slot.active = ActiveRequest(
             job=job,
@@ -322,6 +347,8 @@ class Engine(Reloading):
             image_spans=spans,
             new_image=new_image,
         )
+        if not spans:
+            self.sharing.produce(slot.active, tokens, job.share_cut or 0)
         if spec.asks_about_image:
             slot.active.image_report = image_report(new_image or images[-1], encoded_now=new_image is not None)
 
@@ -358,13 +385,7 @@ class Engine(Reloading):
 
     def _assemble(self, spec: GenerationSpec, session: Session | None) -> tuple[list[tuple[str, str]], str]:
         """The conversation (for chat) and the full prompt text, session history included."""
-        p = spec.prompt
-        if session is not None and not session.is_empty and bool(session.messages) != p.is_chat:
-            raise InvalidArgument("a session continues in the mode it started: chat messages or raw prompt")
-        if p.is_chat:
-            conversation = (session.messages if session else []) + list(p.messages or ())
-            return conversation, self.model.render_chat(conversation)
-        return [], (session.text if session else "") + (p.text or "")
+        return assemble(self.model.render_chat, spec, session)
 
     # -- one forward pass ---------------------------------------------------------------------------
 
@@ -379,6 +400,7 @@ class Engine(Reloading):
                 log.exception("forward pass failed")
             for slot in self._slots:
                 if slot.active is not None:
+                    self.sharing.abandon(slot.active)
                     slot.active.sampler.close()
                     slot.active.job.sink(error)
                     slot.active = None
@@ -413,6 +435,7 @@ class Engine(Reloading):
                 slot.cached.extend(active.prompt_tokens[active.fed : active.fed + n])
                 active.fed += n
                 prefill_tokens += n
+                self.sharing.after_pass(self._ctx, slot)
         if decode_tokens:
             self.stats.record_decode(decode_tokens, elapsed * decode_tokens / plan.n_tokens)
         if prefill_tokens:
@@ -433,9 +456,11 @@ class Engine(Reloading):
             return SequenceDemand(slot.seq, (a.next_token,), len(slot.cached), True)
         image_at = a.next_image_start()
         end = image_at if image_at is not None else len(a.prompt_tokens)
-        # Text before an image goes first; the pass then ends where the image begins, so no
-        # logits are asked for there (the plan samples only where a prompt ends).
-        return SequenceDemand(slot.seq, tuple(a.prompt_tokens[a.fed : end]), len(slot.cached), False, image_at is None)
+        if a.share_at is not None:
+            end = min(end, a.share_at)  # others wait for exactly this prefix (prefix_sharing.py)
+        # Text before an image (or a shared prefix) goes first; the pass then ends there, so no
+        # logits are asked for (the plan samples only where a prompt ends).
+        return SequenceDemand(slot.seq, tuple(a.prompt_tokens[a.fed : end]), len(slot.cached), False, end == len(a.prompt_tokens))
 
     def _feed_image(self, slot: Slot) -> None:
         """Decode an image's embeddings into the sequence: a pass of its own (a batch carries
@@ -477,6 +502,7 @@ class Engine(Reloading):
         a = slot.active
         slot.active = None
         slot.last_used = time.perf_counter()
+        self.sharing.abandon(a)
         a.sampler.close()
         if not a.stream.stopped:
             tail = a.stream.finish()

@@ -84,6 +84,9 @@ class Reloading:
             return
         self.encoder = self._open_encoder(self.config)
         self._restore_all(saved)
+        if request.config.model_path != old_config.model_path:
+            self.sharing.cache.clear()  # states of another model's KV
+        self.sharing.cache.max_bytes = request.config.prefix_cache_bytes
         self.phase = EnginePhase.READY
         self.last_reload_pause_ms = (time.perf_counter() - t0) * 1000.0
         log.info("reloaded", pause_ms=round(self.last_reload_pause_ms, 1), sequences=len(saved))
