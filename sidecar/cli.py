@@ -39,6 +39,8 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--flash-attention", choices=("auto", "on", "off"))
     p.add_argument("--profile", help='machine profile the planner uses: auto (measure once, default), off, or a file')
     p.add_argument("--max-sessions", type=int, help="most NPC sessions kept at once (default 64)")
+    p.add_argument("--prefix-cache-mb", type=int,
+                   help="host memory for prompt prefixes shared across conversations, MiB (default 256; 0 = off)")
     p.add_argument("--max-prompt-tokens", type=int, help="longest prompt accepted, in tokens (default: three quarters of --ctx)")
     p.add_argument("--max-tokens-per-request", type=int, help="largest max_tokens accepted (default 2048)")
     p.add_argument("--max-message-bytes", type=int, help="largest gRPC message (default 8 MiB)")
@@ -282,6 +284,10 @@ def _run_status(args: argparse.Namespace) -> int:
         )
     else:
         print("vision    off (start with --mmproj PROJECTOR.gguf)")
+    pc = status.prefix_cache
+    if pc.max_bytes:
+        print(f"prefixes  {pc.entries} shared ({format_size(pc.bytes_held)} of {format_size(pc.max_bytes)}), "
+              f"{pc.hits} hits saving {pc.tokens_saved} prompt tokens, {pc.misses} computed, {pc.waits} waited")
     print(f"sessions  {len(status.sessions)} of {status.limits.max_sessions}")
     for s in status.sessions:
         print(f"          {s.session_id}: {s.tokens} tokens")

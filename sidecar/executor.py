@@ -209,6 +209,7 @@ def cpu_engine_config(settings: Settings, budget: Budget) -> EngineConfig:
         max_sessions=settings.max_sessions,
         max_prompt_tokens=min(settings.max_prompt_tokens, settings.ctx - 1),  # 0 stays 0: the engine's default
         max_tokens_per_request=settings.max_tokens_per_request,
+        prefix_cache_bytes=settings.prefix_cache_mb << 20,
     )
 
 

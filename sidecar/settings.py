@@ -39,6 +39,9 @@ class Settings(BaseSettings):
     flash_attention: Literal["auto", "on", "off"] = "auto"
     profile: str = Field("auto", description='machine profile for the planner: "auto" (measure once), "off", or a file')
     max_sessions: int = Field(64, ge=1, le=100_000)
+    prefix_cache_mb: int = Field(
+        256, ge=0, le=1 << 20, description="host memory for shared prompt prefixes (MiB, least recently used out); 0 = off"
+    )
     max_prompt_tokens: int = Field(0, ge=0, description="longest prompt in tokens; 0 = three quarters of --ctx")
     max_tokens_per_request: int = Field(2048, ge=1)
     max_message_bytes: int = Field(8 << 20, ge=1024, le=1 << 30)

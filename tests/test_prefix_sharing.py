@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from sidecar.client import Reply
 from sidecar.engine import Engine, EngineConfig, Finished, GenerationSpec, Prompt, SamplingConfig, TextDelta
 from sidecar.engine.prefix_cache import PrefixCache
 from sidecar.engine.prefix_sharing import BLOCK, exact_shared, share_cut, shared_blocks
@@ -201,3 +202,24 @@ def test_concurrent_requests_with_one_prefix_compute_it_once(engine: Engine) -> 
     # The prefix once, then each NPC's own part (less what an idle sequence happened to hold).
     assert computed == sum(f.usage.prompt_tokens - f.usage.cached_prompt_tokens for f in finals)
     assert computed <= sum(f.usage.prompt_tokens for f in finals) - (len(NPCS) - 1) * prefix
+
+
+# -- through the API ----------------------------------------------------------------------------
+
+
+def test_the_shared_context_over_grpc_is_computed_once_and_reported_in_status(client) -> None:
+    world = WORLD.replace("Millbrook", "Ashford")
+    before = client.status().prefix_cache
+    assert before.max_bytes == 256 << 20  # the default --prefix-cache-mb
+    finals = []
+    for sid, persona, line in NPCS[:2]:  # sessions: a one-off could reuse the other's leftovers in place
+        reply = Reply()
+        "".join(client.chat(line, session_id=f"ashford-{sid}", system=persona, context=world, max_tokens=4, reply=reply))
+        finals.append(reply.final)
+        client.end_session(f"ashford-{sid}")
+    after = client.status().prefix_cache
+    assert finals[0].usage.cached_prompt_tokens < finals[1].usage.cached_prompt_tokens
+    assert finals[1].usage.cached_prompt_tokens > 0.9 * len(world.split())
+    assert after.hits - before.hits == 1 and after.misses - before.misses == 1
+    assert after.tokens_saved - before.tokens_saved == finals[1].usage.cached_prompt_tokens
+    assert after.entries >= 1 and 0 < after.bytes_held <= after.max_bytes
