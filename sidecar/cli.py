@@ -33,7 +33,8 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="port to listen on (default 50551; 0 picks a free one)")
     p.add_argument("--ctx", type=int, help="context per conversation, in tokens (default 4096)")
-    p.add_argument("--parallel", type=int, help="conversations decoded together, each with its own KV cache (default 4)")
+    p.add_argument("--parallel", type=int, help="conversations decoded together, each with its own KV cache "
+                   "(default 0: as many as an eighth of the memory holds, 4 to 16)")
     p.add_argument("--batch", type=int, help="most prompt tokens per forward pass (default 512)")
     p.add_argument("--threads", type=int, help="CPU threads (default: one per physical core)")
     p.add_argument("--flash-attention", choices=("auto", "on", "off"))

@@ -101,7 +101,7 @@ def engine_config(
             inputs.model,
             inputs.hardware,
             budget,
-            ctx=settings.ctx * settings.parallel,
+            ctx=settings.ctx * settings.sequences(),
             options=PlanOptions(n_batch=settings.batch, flash_attention=settings.flash_attention_flag),
         )
         base = config_from_schedule(base, schedule, settings.threads)
@@ -200,7 +200,7 @@ def cpu_engine_config(settings: Settings, budget: Budget) -> EngineConfig:
     return EngineConfig(
         model_path=settings.model or default_model_path(),
         n_ctx=settings.ctx,
-        n_seq=settings.parallel,
+        n_seq=settings.sequences(),
         n_batch=settings.batch,
         threads_decode=threads,
         threads_prefill=threads,

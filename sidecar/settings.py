@@ -33,7 +33,9 @@ class Settings(BaseSettings):
     host: str = DEFAULT_HOST
     port: int = Field(DEFAULT_PORT, ge=0, le=65535)
     ctx: int = Field(4096, ge=64, le=1 << 20, description="context tokens per conversation")
-    parallel: int = Field(4, ge=1, le=256, description="conversations decoded together in one batch")
+    parallel: int = Field(
+        0, ge=0, le=256, description="conversations decoded together in one batch; 0 = as many as memory affords, 4 to 16"
+    )
     batch: int = Field(512, ge=1, le=1 << 16, description="most prompt tokens per forward pass")
     threads: int = Field(0, ge=0, le=4096, description="CPU threads; 0 = one per physical core")
     flash_attention: Literal["auto", "on", "off"] = "auto"
@@ -81,6 +83,13 @@ class Settings(BaseSettings):
         if value is not None and not value.startswith(("http://", "https://")):
             raise ValueError("give the server's OpenAI API base, e.g. http://host:8000/v1")
         return value
+
+    def sequences(self) -> int:
+        """Conversations held in the KV cache at once: --parallel, or what memory affords (crowd.py)."""
+        from sidecar.crowd import parallel_for
+        from sidecar.default_model import default_model_path
+
+        return parallel_for(self.parallel, self.model or default_model_path(), self.ctx)
 
     @property
     def budget_value(self) -> Budget:
