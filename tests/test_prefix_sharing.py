@@ -121,6 +121,24 @@ def test_prefixes_are_cut_at_the_shared_context_else_at_whole_shared_blocks() ->
     assert share_cut(base[:40], [base[:40]], explicit=0) == 0, "too short to be worth a copy"
 
 
+def test_the_context_opens_the_system_message_of_a_conversations_first_turn_only() -> None:
+    from sidecar.engine.prompt_layout import assemble
+    from sidecar.engine.sessions import Session
+
+    def render(messages: list[tuple[str, str]]) -> str:
+        return "|".join(f"{role}:{content}" for role, content in messages)
+
+    spec = GenerationSpec(prompt=Prompt(messages=(("system", "You are Brom."), ("user", "Hi")), context="The world."))
+    assert assemble(render, spec, None)[1] == "system:The world.\n\nYou are Brom.|user:Hi"
+    bare = GenerationSpec(prompt=Prompt(messages=(("user", "Hi"),), context="The world."))
+    assert assemble(render, bare, None)[1] == "system:The world.|user:Hi"
+    ongoing = Session("brom", messages=[("system", "The world.\n\nYou are Brom."), ("user", "Hi"), ("assistant", "Hm.")])
+    later = GenerationSpec(prompt=Prompt(messages=(("user", "Bye"),), context="The world."))
+    assert assemble(render, later, ongoing)[1].count("The world.") == 1, "a later turn does not repeat the context"
+    raw = GenerationSpec(prompt=Prompt(text="Q: hi", context="World. "))
+    assert assemble(render, raw, None)[1] == "World. Q: hi"
+
+
 # -- on the real model --------------------------------------------------------------------------
 
 
