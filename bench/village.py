@@ -18,7 +18,7 @@ model's tokenizer, over the wave's wall time), aggregate decode tokens/s (the su
 tokens after the first over the time from their first token to their last), and the prompt
 tokens the side computed (the daemon's own counter; llama-server reports none here). Repeats are
 interleaved, each with a new world (a round tag opens it), so no side serves a round from an
-earlier one's cache.
+earlier one's cache; an untimed wave of short requests first warms every side's sequences.
 
     python bench/run.py village [--repeats 3] [--llama-bin DIR]
 """
@@ -242,6 +242,11 @@ def run(model: Path, args, results: dict) -> None:
         else:
             print("   llama-server not found (PATH, $LLAMA_CPP_BIN or --llama-bin): that side is skipped")
         personas = [(persona(count, i), line(count, i)) for i in range(n)]
+        # One untimed wave per side with short prompts and no shared world: the first use of a
+        # sequence, a slot or a batch shape costs every side something once.
+        for side in sides:
+            side.wave([("", f"You are villager {i}.", "Hello!") for i in range(n)], "warm", follow=False)
+            side.end("warm", n)
         table: dict[str, dict[str, list[dict]]] = {s.name: {"wave1": [], "wave2": []} for s in sides}
         sizes = {}
         for r in range(args.repeats):
