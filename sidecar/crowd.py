@@ -37,4 +37,10 @@ def parallel_for(parallel: int, model_path: Path, ctx: int) -> int:
     """`parallel` when given (non-zero), else the automatic count for this model and context."""
     if parallel:
         return parallel
-    return auto_parallel(_sequence_kv_bytes(Path(model_path), ctx), psutil.virtual_memory().total)
+    from sidecar.model_info.gguf_reader import GgufReadError
+
+    try:
+        kv = _sequence_kv_bytes(Path(model_path), ctx)
+    except (GgufReadError, OSError):
+        return AUTO_MIN  # loading the model says what is wrong with it, with its exit code
+    return auto_parallel(kv, psutil.virtual_memory().total)
