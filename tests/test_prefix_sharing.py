@@ -241,3 +241,23 @@ def test_the_shared_context_over_grpc_is_computed_once_and_reported_in_status(cl
     assert after.hits - before.hits == 1 and after.misses - before.misses == 1
     assert after.tokens_saved - before.tokens_saved == finals[1].usage.cached_prompt_tokens
     assert after.entries >= 1 and 0 < after.bytes_held <= after.max_bytes
+
+
+def test_text_holding_the_image_marker_is_refused_and_the_engine_goes_on(engine: Engine) -> None:
+    from sidecar.engine.requests import IMAGE_MARKER
+    from sidecar.errors import InvalidArgument
+
+    ask(engine, npc_turn(NPCS[2][1], NPCS[2][2], max_tokens=2))  # an idle sequence holds leftovers now
+
+    events: list[object] = []
+    done = threading.Event()
+
+    def sink(event: object) -> None:
+        events.append(event)
+        if not isinstance(event, TextDelta):
+            done.set()
+
+    engine.submit(npc_turn(NPCS[0][1], NPCS[0][2], world=WORLD + IMAGE_MARKER), sink)
+    assert done.wait(60) and isinstance(events[-1], InvalidArgument)
+    tokens, final = ask(engine, npc_turn(NPCS[1][1], NPCS[1][2], max_tokens=4))
+    assert final.usage.completion_tokens >= 1

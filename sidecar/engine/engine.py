@@ -288,22 +288,30 @@ class Engine(Reloading):
         if job.prompt_tokens is None:
             try:
                 _, text = self._assemble(job.spec, None)
+                # Inside the try: text holding the image marker is refused here, and this runs
+                # while choosing a sequence, where an exception would stop the engine thread.
+                job.prompt_tokens, _ = tokenize_with_images(self.model.tokenize, text, [])
             except SidecarError:
                 return None
-            job.prompt_tokens, _ = tokenize_with_images(self.model.tokenize, text, [])
         return job.prompt_tokens
 
     def _plan_sharing(self) -> None:
         new = [j for j in self._waiting if j.share_cut is None]
-        if new:
-            known = [j.prompt_tokens for j in self._waiting if j.prompt_tokens]
-            known += [s.active.prompt_tokens if s.active is not None else s.cached for s in self._slots]
+        if not new:
+            return
+        known = [j.prompt_tokens for j in self._waiting if j.prompt_tokens]
+        known += [s.active.prompt_tokens if s.active is not None else s.cached for s in self._slots]
+        try:
             self.sharing.plan(
                 new,
                 known,
                 lambda job: shareable_tokens(job, self.sessions, self._one_off_prompt_tokens),
                 lambda prompt: context_tokens(self.model.render_chat, self.model.tokenize, prompt),
             )
+        except Exception:  # sharing is an optimisation: never let it stop admission
+            log.exception("planning shared prefixes failed")
+            for job in new:
+                job.share_cut = job.share_cut or 0
 
     def _start(self, job: Job, slot: Slot) -> None:
         spec = job.spec

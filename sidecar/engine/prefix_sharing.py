@@ -110,7 +110,12 @@ class PrefixSharing:
             if tokens is None:
                 job.share_cut = 0
                 continue
-            explicit = exact_shared(context_tokens(job.spec.prompt), tokens) if job.spec.prompt.context else 0
+            explicit = 0
+            if job.spec.prompt.context:
+                try:
+                    explicit = exact_shared(context_tokens(job.spec.prompt), tokens)
+                except SidecarError:
+                    pass  # a template that will not render the context alone: cut by blocks instead
             job.share_cut = share_cut(tokens, [k for k in known if k is not tokens], explicit)
 
     def must_wait(self, job: Job) -> bool:
