@@ -18,6 +18,8 @@ Scenarios:
             VLMOpt (slow: about a minute per encode on 2 cores)
   churn     reload pauses while the budget keeps changing under 8 live streams
   session   time to first token of turn 2 of a session against turn 1
+  village   16 NPCs at once sharing a 1,000-token world prompt, then follow-ups in their
+            sessions: the daemon with and without its prefix cache, and llama-server (if found)
   all       every scenario above, in that order
 
 Each scenario prints its table (medians over --repeats, [min .. max]) and writes one JSON to
@@ -96,6 +98,14 @@ def scenario_vision(args: argparse.Namespace) -> dict:
         return json.loads(out.read_text())
 
 
+def scenario_village(args: argparse.Namespace) -> dict:
+    import village
+
+    results: dict = {}
+    village.run(args.model_path, args, results)
+    return results["village"]
+
+
 def scenario_churn(args: argparse.Namespace) -> dict:
     import churn
 
@@ -113,6 +123,7 @@ SCENARIOS: dict[str, tuple[str, Callable[[argparse.Namespace], dict]]] = {
     "vision": ("peak memory and latency by resolution with and without VLMOpt (slow)", scenario_vision),
     "churn": ("reload pauses under budget changes with 8 live streams", scenario_churn),
     "session": ("time to first token of a session's turn 2 against turn 1", _engine_scenario("session")),
+    "village": ("16 NPCs at once sharing a world prompt, with and without the prefix cache, and llama-server", scenario_village),
 }
 
 

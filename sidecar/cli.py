@@ -33,7 +33,8 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="port to listen on (default 50551; 0 picks a free one)")
     p.add_argument("--ctx", type=int, help="context per conversation, in tokens (default 4096)")
-    p.add_argument("--parallel", type=int, help="conversations decoded together, each with its own KV cache (default 4)")
+    p.add_argument("--parallel", type=int, help="conversations decoded together, each with its own KV cache "
+                   "(default 0: as many as an eighth of the memory holds, 4 to 16)")
     p.add_argument("--batch", type=int, help="most prompt tokens per forward pass (default 512)")
     p.add_argument("--threads", type=int, help="CPU threads (default: one per physical core)")
     p.add_argument("--flash-attention", choices=("auto", "on", "off"))
@@ -43,6 +44,8 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", help="ggml device to place onto, e.g. CUDA0, Vulkan0, RPC0 (default: the first GPU-type one)")
     p.add_argument("--rpc", help="register ggml RPC servers (host:port, comma-separated) as devices, like llama.cpp's --rpc")
     p.add_argument("--max-sessions", type=int, help="most NPC sessions kept at once (default 64)")
+    p.add_argument("--prefix-cache-mb", type=int,
+                   help="host memory for prompt prefixes shared across conversations, MiB (default 256; 0 = off)")
     p.add_argument("--max-prompt-tokens", type=int, help="longest prompt accepted, in tokens (default: three quarters of --ctx)")
     p.add_argument("--max-tokens-per-request", type=int, help="largest max_tokens accepted (default 2048)")
     p.add_argument("--max-message-bytes", type=int, help="largest gRPC message (default 8 MiB)")
@@ -286,6 +289,10 @@ def _run_status(args: argparse.Namespace) -> int:
         )
     else:
         print("vision    off (start with --mmproj PROJECTOR.gguf)")
+    pc = status.prefix_cache
+    if pc.max_bytes:
+        print(f"prefixes  {pc.entries} shared ({format_size(pc.bytes_held)} of {format_size(pc.max_bytes)}), "
+              f"{pc.hits} hits saving {pc.tokens_saved} prompt tokens, {pc.misses} computed, {pc.waits} waited")
     print(f"sessions  {len(status.sessions)} of {status.limits.max_sessions}")
     for s in status.sessions:
         print(f"          {s.session_id}: {s.tokens} tokens")

@@ -92,9 +92,11 @@ class SidecarClient:
         stop: Sequence[str] = (),
         json_schema: str = "",
         reply: Reply | None = None,
+        context: str = "",
     ) -> Iterator[str]:
         """Say `text` as the user and yield the reply's text as it streams. Pass a Reply to also get
-        token ids and the final usage and timings."""
+        token ids and the final usage and timings. `context` is the shared world context before
+        the persona (`system`): NPCs given the same one share its computed prefix."""
         messages = ([pb.ChatMessage(role="system", content=system)] if system else []) + [
             pb.ChatMessage(role="user", content=text)
         ]
@@ -105,6 +107,7 @@ class SidecarClient:
             stop=list(stop),
             json_schema=json_schema,
             session_id=session_id,
+            context=context,
         )
         for chunk in self.generate(request):
             if reply is not None:

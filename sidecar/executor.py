@@ -122,7 +122,7 @@ def engine_config(
             inputs.model,
             inputs.hardware,
             budget,
-            ctx=settings.ctx * settings.parallel,
+            ctx=settings.ctx * settings.sequences(),
             options=PlanOptions(n_batch=settings.batch, flash_attention=settings.flash_attention_flag,
                                 kv_type=kv_type or "auto"),
         )
@@ -249,7 +249,7 @@ def cpu_engine_config(settings: Settings, budget: Budget) -> EngineConfig:
     return EngineConfig(
         model_path=settings.model or default_model_path(),
         n_ctx=settings.ctx,
-        n_seq=settings.parallel,
+        n_seq=settings.sequences(),
         n_batch=settings.batch,
         threads_decode=threads,
         threads_prefill=threads,
@@ -258,7 +258,8 @@ def cpu_engine_config(settings: Settings, budget: Budget) -> EngineConfig:
         max_sessions=settings.max_sessions,
         max_prompt_tokens=min(settings.max_prompt_tokens, settings.ctx - 1),  # 0 stays 0: the engine's default
         max_tokens_per_request=settings.max_tokens_per_request,
-        n_outputs_max=min(settings.parallel, settings.batch),  # one logits row per sequence and pass
+        n_outputs_max=min(settings.sequences(), settings.batch),  # one logits row per sequence and pass
+        prefix_cache_bytes=settings.prefix_cache_mb << 20,
     )
 
 

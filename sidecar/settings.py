@@ -33,7 +33,9 @@ class Settings(BaseSettings):
     host: str = DEFAULT_HOST
     port: int = Field(DEFAULT_PORT, ge=0, le=65535)
     ctx: int = Field(4096, ge=64, le=1 << 20, description="context tokens per conversation")
-    parallel: int = Field(4, ge=1, le=256, description="conversations decoded together in one batch")
+    parallel: int = Field(
+        0, ge=0, le=256, description="conversations decoded together in one batch; 0 = as many as memory affords, 4 to 16"
+    )
     batch: int = Field(512, ge=1, le=1 << 16, description="most prompt tokens per forward pass")
     threads: int = Field(0, ge=0, le=4096, description="CPU threads; 0 = one per physical core")
     flash_attention: Literal["auto", "on", "off"] = "auto"
@@ -43,6 +45,9 @@ class Settings(BaseSettings):
     device: str | None = Field(None, description="ggml device to place onto (CUDA0, Vulkan0, RPC0); default: the first GPU-type one")
     rpc: str | None = Field(None, description="ggml RPC servers to register as devices, host:port, comma-separated")
     max_sessions: int = Field(64, ge=1, le=100_000)
+    prefix_cache_mb: int = Field(
+        256, ge=0, le=1 << 20, description="host memory for shared prompt prefixes (MiB, least recently used out); 0 = off"
+    )
     max_prompt_tokens: int = Field(0, ge=0, description="longest prompt in tokens; 0 = three quarters of --ctx")
     max_tokens_per_request: int = Field(2048, ge=1)
     max_message_bytes: int = Field(8 << 20, ge=1024, le=1 << 30)
@@ -82,6 +87,13 @@ class Settings(BaseSettings):
         if value is not None and not value.startswith(("http://", "https://")):
             raise ValueError("give the server's OpenAI API base, e.g. http://host:8000/v1")
         return value
+
+    def sequences(self) -> int:
+        """Conversations held in the KV cache at once: --parallel, or what memory affords (crowd.py)."""
+        from sidecar.crowd import parallel_for
+        from sidecar.default_model import default_model_path
+
+        return parallel_for(self.parallel, self.model or default_model_path(), self.ctx)
 
     @property
     def budget_value(self) -> Budget:

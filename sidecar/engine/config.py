@@ -48,6 +48,8 @@ class EngineConfig:
     max_queue: int = 256
     max_prompt_tokens: int = 0  # 0: three quarters of the context, leaving room for the reply
     max_tokens_per_request: int = 2048
+    # Host memory for shared prompt prefixes (prefix_cache.py); 0 turns sharing off.
+    prefix_cache_bytes: int = 256 << 20
     # VRAM the planner expects this placement to take (0 without a plan): checked after loading
     # against what llama.cpp really allocated.
     planned_vram_bytes: int = 0

@@ -25,6 +25,9 @@ class Prompt:
 
     messages: tuple[tuple[str, str], ...] | None = None
     text: str | None = None
+    # Shared world context before the NPC's own prompt (shared_context.py); used on a session's
+    # first turn only.
+    context: str = ""
 
     def __post_init__(self) -> None:
         if (self.messages is None) == (self.text is None):
@@ -135,6 +138,9 @@ class Job:
     # The prompt's tokens, once the engine has tokenized it (to pick the sequence that already
     # holds the longest prefix of it); engine thread only.
     prompt_tokens: list[int] | None = None
+    # Where its shared prompt prefix ends (prefix_sharing.share_cut; 0: none), once decided.
+    share_cut: int | None = None
+    waited_for_prefix: bool = False
 
     def cancel(self) -> None:
         """Ask the engine to stop this request; it ends within one step with reason CANCELLED."""

@@ -34,6 +34,9 @@ class ActiveRequest:
     image_spans: dict[int, object] = field(default_factory=dict)
     new_image: object | None = None  # encoded for this request; joins the session when it ends
     image_report: object | None = None
+    # Set while this request prefills a prefix other requests wait for: its prefill stops there
+    # once, so that the sequence holds exactly the prefix when it is saved (prefix_sharing.py).
+    share_at: int | None = None
 
     def next_image_start(self) -> int | None:
         """Where the next image not yet in the cache begins, if any."""

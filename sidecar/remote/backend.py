@@ -28,6 +28,7 @@ from sidecar.engine.phase import EnginePhase
 from sidecar.engine.requests import Finished, FinishReason, GenerationSpec, Job, Sink, TextDelta, Timings, Usage
 from sidecar.engine.sessions import Session, SessionStore
 from sidecar.engine.stats import ThroughputStats
+from sidecar.engine.prompt_layout import with_context
 from sidecar.engine.text_stream import TextStream
 from sidecar.engine import EngineConfig, EngineSnapshot
 from sidecar.errors import FailedPrecondition, InvalidArgument, ResourceExhausted, SidecarError, Unavailable
@@ -259,10 +260,12 @@ class RemoteBackend:
         p = spec.prompt
         if session is not None and not session.is_empty and bool(session.messages) != p.is_chat:
             raise InvalidArgument("a session continues in the mode it started: chat messages or raw prompt")
+        fresh = session is None or session.is_empty  # the shared context opens a conversation only
         if p.is_chat:
-            conversation = (session.messages if session else []) + list(p.messages or ())
+            new = with_context(p.context, list(p.messages or ())) if fresh else list(p.messages or ())
+            conversation = (session.messages if session else []) + new
             return conversation, "chat/completions", wire.chat_body(self.options.model, conversation, spec)
-        prompt = (session.text if session else "") + (p.text or "")
+        prompt = (session.text if session else "") + (p.context if fresh else "") + (p.text or "")
         return [], "completions", wire.completion_body(self.options.model, prompt, spec)
 
     async def _stream(self, job: RemoteJob, path: str, body: dict, progress: _Progress) -> None:

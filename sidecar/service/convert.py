@@ -56,9 +56,9 @@ def generation_spec_from_pb(r: pb.GenerateRequest) -> GenerationSpec:
     """A validated GenerationSpec, or InvalidArgument naming the field that is wrong."""
     which = r.WhichOneof("input")
     if which == "messages":
-        prompt = Prompt(messages=tuple((m.role, m.content) for m in r.messages.messages))
+        prompt = Prompt(messages=tuple((m.role, m.content) for m in r.messages.messages), context=r.context)
     elif which == "prompt":
-        prompt = Prompt(text=r.prompt)
+        prompt = Prompt(text=r.prompt, context=r.context)
     else:
         raise InvalidArgument("give either messages or prompt")
     stops = stop_strings(r.stop)
@@ -251,6 +251,17 @@ def status_to_pb(
         ),
         uptime_s=uptime_s,
         listen_addresses=listen_addresses,
+        prefix_cache=prefix_cache_to_pb(snap),
+    )
+
+
+def prefix_cache_to_pb(snap: EngineSnapshot) -> pb.PrefixCacheStatus:
+    p = snap.prefix_cache
+    if p is None:  # the remote backend keeps no KV
+        return pb.PrefixCacheStatus()
+    return pb.PrefixCacheStatus(
+        max_bytes=p.max_bytes, bytes_held=p.bytes_held, entries=p.entries, hits=p.hits,
+        tokens_saved=p.tokens_saved, misses=p.misses, waits=p.waits,
     )
 
 

@@ -7,6 +7,10 @@ extends Resource
 ## The NPC's persona, sent as the system message on a session's first turn (on every turn when
 ## there is no session). Image questions have no system message and ignore it.
 @export_multiline var system_prompt := ""
+## Shared world context (lore, rules of speech, quest state) that opens the prompt before the
+## persona. Give every NPC of a scene the very same text: the daemon computes it once and copies
+## it to the others. Sent like system_prompt: with a session's first turn only.
+@export_multiline var world_context := ""
 ## Most tokens in the reply; 0 means the daemon's default (256).
 @export var max_tokens := 0
 ## 0 is greedy (always the likeliest token); negative means the daemon's default (0.7).

@@ -42,6 +42,7 @@ const FIELD_STOP := "stop"
 const FIELD_JSON_SCHEMA := "jsonSchema"
 const FIELD_SESSION_ID := "sessionId"
 const FIELD_RESET_SESSION := "resetSession"
+const FIELD_CONTEXT := "context"
 const FIELD_QUESTION := "question"
 const FIELD_IMAGE := "image"
 const FIELD_RAW := "raw"
@@ -125,9 +126,14 @@ static func cancel_frame(call_id: String) -> Dictionary:
 	return {KEY_ID: call_id, KEY_CANCEL: true}
 
 
-## A Generate request: chat messages (the persona first, when given), sampling and limits.
+## A Generate request: chat messages (the persona first, when given), the shared world context
+## when given, sampling and limits.
 static func generate_request(
-	text: String, system_prompt: String, session_id: String, options: AskOptions
+	text: String,
+	system_prompt: String,
+	session_id: String,
+	options: AskOptions,
+	world_context: String = ""
 ) -> Dictionary:
 	var messages: Array = []
 	if not system_prompt.is_empty():
@@ -137,6 +143,8 @@ static func generate_request(
 	_add_common(request, session_id, options)
 	if options.reset_session:
 		request[FIELD_RESET_SESSION] = true
+	if not world_context.is_empty():
+		request[FIELD_CONTEXT] = world_context
 	return request
 
 

@@ -183,14 +183,16 @@ func daemon_pid() -> int:
 
 
 ## Asks the model. With a session id (one per NPC) the daemon keeps the conversation, so later
-## turns send only the new line; options.system_prompt (the NPC's persona) goes with a session's
-## first turn only.
+## turns send only the new line; options.system_prompt (the NPC's persona) and
+## options.world_context (shared by every NPC of a scene) go with a session's first turn only.
 func ask(text: String, session_id: String = "", options: AskOptions = null) -> Call:
 	var opts := _options(options)
 	var system_prompt := opts.system_prompt
+	var world_context := opts.world_context
 	if not session_id.is_empty() and _sessions_begun.has(session_id) and not opts.reset_session:
 		system_prompt = ""
-	var request := Protocol.generate_request(text, system_prompt, session_id, opts)
+		world_context = ""
+	var request := Protocol.generate_request(text, system_prompt, session_id, opts, world_context)
 	if not session_id.is_empty():
 		_sessions_begun[session_id] = true
 	return _start_call(Protocol.METHOD_GENERATE, session_id, request, opts.timeout_ms)

@@ -33,6 +33,10 @@ namespace Xlm.Sidecar
         public string NpcId { get; private set; }
         /// <summary>Sent with the first turn (and after Reset); the daemon keeps it in the session.</summary>
         public string SystemPrompt { get; set; }
+        /// <summary>Shared world context that opens the prompt before SystemPrompt (the persona). Give
+        /// every NPC of a scene the very same text: the daemon computes it once and copies it to the
+        /// others. Sent with the first turn (and after Reset), like SystemPrompt.</summary>
+        public string Context { get; set; }
         public SamplingParams Sampling { get; set; }
         public uint MaxTokens { get; set; }
         public List<string> Stop { get; set; }
@@ -116,6 +120,7 @@ namespace Xlm.Sidecar
                     MaxTokens = MaxTokens,
                     Stop = Stop,
                     JsonSchema = jsonSchema,
+                    Context = fresh ? Context : null,
                 };
                 Action<GenerateChunk> onChunk = null;
                 if (onText != null)

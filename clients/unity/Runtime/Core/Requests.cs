@@ -73,6 +73,10 @@ namespace Xlm.Sidecar
         public bool ResetSession;
         /// <summary>Echoed in the daemon's logs.</summary>
         public string RequestId;
+        /// <summary>Shared world context (lore, rules, quest state) that opens the prompt before the
+        /// NPC's persona. Give every NPC the very same text and the daemon computes it once for all
+        /// of them. With a session it counts on the first turn only.</summary>
+        public string Context;
 
         internal JsonObject ToJson()
         {
@@ -93,6 +97,7 @@ namespace Xlm.Sidecar
             }
             AddCommon(json, Sampling, MaxTokens, Stop, JsonSchema, SessionId, RequestId);
             if (ResetSession) json["resetSession"] = true;
+            if (!string.IsNullOrEmpty(Context)) json["context"] = Context;
             return json;
         }
 

@@ -40,6 +40,7 @@ namespace Xlm.Sidecar.Grpc
                     new ProtoField(7, "sessionId", ProtoType.String, null),
                     new ProtoField(8, "resetSession", ProtoType.Bool, null),
                     new ProtoField(9, "requestId", ProtoType.String, null),
+                    new ProtoField(50, "context", ProtoType.String, null),
                 }
             },
             { "xlm.v1.Usage", new ProtoField[]
@@ -249,6 +250,18 @@ namespace Xlm.Sidecar.Grpc
                     new ProtoField(10, "uptimeS", ProtoType.Double, null),
                     new ProtoField(11, "listenAddresses", ProtoType.String, null, repeated: true),
                     new ProtoField(12, "vision", ProtoType.Message, "xlm.v1.VisionStatus"),
+                    new ProtoField(50, "prefixCache", ProtoType.Message, "xlm.v1.PrefixCacheStatus"),
+                }
+            },
+            { "xlm.v1.PrefixCacheStatus", new ProtoField[]
+                {
+                    new ProtoField(1, "maxBytes", ProtoType.UInt64, null),
+                    new ProtoField(2, "bytesHeld", ProtoType.UInt64, null),
+                    new ProtoField(3, "entries", ProtoType.UInt32, null),
+                    new ProtoField(4, "hits", ProtoType.UInt64, null),
+                    new ProtoField(5, "tokensSaved", ProtoType.UInt64, null),
+                    new ProtoField(6, "misses", ProtoType.UInt64, null),
+                    new ProtoField(7, "waits", ProtoType.UInt64, null),
                 }
             },
             { "xlm.v1.VisionStatus", new ProtoField[]

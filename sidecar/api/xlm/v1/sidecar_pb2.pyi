@@ -103,7 +103,7 @@ class SamplingParams(_message.Message):
     def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., min_p: _Optional[float] = ..., repeat_penalty: _Optional[float] = ..., repeat_last_n: _Optional[int] = ..., seed: _Optional[int] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("messages", "prompt", "sampling", "max_tokens", "stop", "json_schema", "session_id", "reset_session", "request_id")
+    __slots__ = ("messages", "prompt", "sampling", "max_tokens", "stop", "json_schema", "session_id", "reset_session", "request_id", "context")
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
@@ -113,6 +113,7 @@ class GenerateRequest(_message.Message):
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     RESET_SESSION_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_FIELD_NUMBER: _ClassVar[int]
     messages: ChatMessages
     prompt: str
     sampling: SamplingParams
@@ -122,7 +123,8 @@ class GenerateRequest(_message.Message):
     session_id: str
     reset_session: bool
     request_id: str
-    def __init__(self, messages: _Optional[_Union[ChatMessages, _Mapping]] = ..., prompt: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., max_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., json_schema: _Optional[str] = ..., session_id: _Optional[str] = ..., reset_session: _Optional[bool] = ..., request_id: _Optional[str] = ...) -> None: ...
+    context: str
+    def __init__(self, messages: _Optional[_Union[ChatMessages, _Mapping]] = ..., prompt: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., max_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., json_schema: _Optional[str] = ..., session_id: _Optional[str] = ..., reset_session: _Optional[bool] = ..., request_id: _Optional[str] = ..., context: _Optional[str] = ...) -> None: ...
 
 class Usage(_message.Message):
     __slots__ = ("prompt_tokens", "cached_prompt_tokens", "completion_tokens")
@@ -444,7 +446,7 @@ class Limits(_message.Message):
     def __init__(self, max_sessions: _Optional[int] = ..., context_per_session: _Optional[int] = ..., max_prompt_tokens: _Optional[int] = ..., max_tokens_per_request: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., max_image_bytes: _Optional[int] = ...) -> None: ...
 
 class Status(_message.Message):
-    __slots__ = ("version", "phase", "model", "budget", "schedule", "memory", "throughput", "sessions", "limits", "uptime_s", "listen_addresses", "vision")
+    __slots__ = ("version", "phase", "model", "budget", "schedule", "memory", "throughput", "sessions", "limits", "uptime_s", "listen_addresses", "vision", "prefix_cache")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -457,6 +459,7 @@ class Status(_message.Message):
     UPTIME_S_FIELD_NUMBER: _ClassVar[int]
     LISTEN_ADDRESSES_FIELD_NUMBER: _ClassVar[int]
     VISION_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_CACHE_FIELD_NUMBER: _ClassVar[int]
     version: str
     phase: EnginePhase
     model: ModelInfo
@@ -469,7 +472,26 @@ class Status(_message.Message):
     uptime_s: float
     listen_addresses: _containers.RepeatedScalarFieldContainer[str]
     vision: VisionStatus
-    def __init__(self, version: _Optional[str] = ..., phase: _Optional[_Union[EnginePhase, str]] = ..., model: _Optional[_Union[ModelInfo, _Mapping]] = ..., budget: _Optional[_Union[Budget, _Mapping]] = ..., schedule: _Optional[_Union[Schedule, _Mapping]] = ..., memory: _Optional[_Union[MemoryUse, _Mapping]] = ..., throughput: _Optional[_Union[Throughput, _Mapping]] = ..., sessions: _Optional[_Iterable[_Union[SessionInfo, _Mapping]]] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., uptime_s: _Optional[float] = ..., listen_addresses: _Optional[_Iterable[str]] = ..., vision: _Optional[_Union[VisionStatus, _Mapping]] = ...) -> None: ...
+    prefix_cache: PrefixCacheStatus
+    def __init__(self, version: _Optional[str] = ..., phase: _Optional[_Union[EnginePhase, str]] = ..., model: _Optional[_Union[ModelInfo, _Mapping]] = ..., budget: _Optional[_Union[Budget, _Mapping]] = ..., schedule: _Optional[_Union[Schedule, _Mapping]] = ..., memory: _Optional[_Union[MemoryUse, _Mapping]] = ..., throughput: _Optional[_Union[Throughput, _Mapping]] = ..., sessions: _Optional[_Iterable[_Union[SessionInfo, _Mapping]]] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., uptime_s: _Optional[float] = ..., listen_addresses: _Optional[_Iterable[str]] = ..., vision: _Optional[_Union[VisionStatus, _Mapping]] = ..., prefix_cache: _Optional[_Union[PrefixCacheStatus, _Mapping]] = ...) -> None: ...
+
+class PrefixCacheStatus(_message.Message):
+    __slots__ = ("max_bytes", "bytes_held", "entries", "hits", "tokens_saved", "misses", "waits")
+    MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    BYTES_HELD_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    HITS_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_SAVED_FIELD_NUMBER: _ClassVar[int]
+    MISSES_FIELD_NUMBER: _ClassVar[int]
+    WAITS_FIELD_NUMBER: _ClassVar[int]
+    max_bytes: int
+    bytes_held: int
+    entries: int
+    hits: int
+    tokens_saved: int
+    misses: int
+    waits: int
+    def __init__(self, max_bytes: _Optional[int] = ..., bytes_held: _Optional[int] = ..., entries: _Optional[int] = ..., hits: _Optional[int] = ..., tokens_saved: _Optional[int] = ..., misses: _Optional[int] = ..., waits: _Optional[int] = ...) -> None: ...
 
 class VisionStatus(_message.Message):
     __slots__ = ("available", "projector_path", "placement", "vlmopt", "flash_attention", "image_max_tokens", "images_encoded", "last_encode_ms", "last_load_ms", "compute_buffer_bytes", "loaded")

@@ -1,0 +1,46 @@
+"""How many conversations the daemon decodes together when `--parallel` is not given.
+
+A town square is a dozen or more NPCs starting to talk at once; with fewer sequences than
+speakers the rest wait for whole replies of others before they start. Each sequence has its own
+KV stream of `--ctx` cells, allocated (and cleared, so resident) at start-up, so the count is what
+that memory affords: the most of AUTO_MAX whose KV fits in KV_SHARE of the host's memory, never
+fewer than AUTO_MIN (the old default). SmolLM2-135M at --ctx 4096 takes 94 MB a sequence, so 16
+(1.5 GB); a 4B model with 8 KV heads 600 MB, so 4 on a 16 GB machine.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+import psutil
+
+AUTO_MAX = 16
+AUTO_MIN = 4
+KV_SHARE = 1 / 8
+
+
+def auto_parallel(sequence_kv_bytes: int, host_memory_bytes: int) -> int:
+    """Sequences whose KV caches fit in KV_SHARE of `host_memory_bytes`, within AUTO_MIN..AUTO_MAX."""
+    fits = int(host_memory_bytes * KV_SHARE) // max(sequence_kv_bytes, 1)
+    return max(AUTO_MIN, min(AUTO_MAX, fits))
+
+
+@lru_cache(maxsize=8)
+def _sequence_kv_bytes(model_path: Path, ctx: int) -> int:
+    from sidecar.model_info import inspect_gguf, kv_cache_bytes
+
+    return kv_cache_bytes(inspect_gguf(model_path), ctx)
+
+
+def parallel_for(parallel: int, model_path: Path, ctx: int) -> int:
+    """`parallel` when given (non-zero), else the automatic count for this model and context."""
+    if parallel:
+        return parallel
+    from sidecar.model_info.gguf_reader import GgufReadError
+
+    try:
+        kv = _sequence_kv_bytes(Path(model_path), ctx)
+    except (GgufReadError, OSError):
+        return AUTO_MIN  # loading the model says what is wrong with it, with its exit code
+    return auto_parallel(kv, psutil.virtual_memory().total)
