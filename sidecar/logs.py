@@ -6,6 +6,7 @@ import logging
 import sys
 
 import structlog
+from structlog.tracebacks import ExceptionDictTransformer
 
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 
@@ -28,7 +29,10 @@ def configure_logging(fmt: str = "auto", level: str = "info") -> None:
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.StackInfoRenderer(),
-            structlog.processors.dict_tracebacks if use_json else structlog.processors.format_exc_info,
+            # Without locals: a frame's variables may hold player text or the token.
+            structlog.processors.ExceptionRenderer(ExceptionDictTransformer(show_locals=False))
+            if use_json
+            else structlog.processors.format_exc_info,
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(_LEVELS[level]),

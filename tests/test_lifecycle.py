@@ -39,6 +39,8 @@ def test_the_instance_lock_admits_one_holder_and_survives_a_crash(tmp_path) -> N
 
 
 LONG = pb.GenerateRequest(prompt=LONG_PROMPT, max_tokens=2000, sampling=pb.SamplingParams(temperature=0))
+# Without the repetition penalty SmolLM2 counts on past any max_tokens (with it, it stops near 34).
+ENDLESS = pb.GenerateRequest(prompt=LONG_PROMPT, max_tokens=2000, sampling=pb.SamplingParams(temperature=0, repeat_penalty=1.0))
 
 
 @pytest.mark.parametrize("reaped", [True, False], ids=["reaped", "zombie"])
@@ -130,8 +132,8 @@ def test_calls_still_running_when_the_grace_period_ends_get_a_cancelled_final_ch
     running = start_daemon(*ONE_THREAD, "--grace-seconds", "1", "--stream-interval-ms", "0")
     try:
         with running.client(timeout_s=120) as client, BridgeClient(running.ws_address, running.token) as bridge:
-            thread, first, outcome = _stream_in_thread(client, LONG)
-            bridge.send({"id": "ws", "method": "Generate", "request": {"prompt": LONG_PROMPT, "maxTokens": 2000, "sampling": {"temperature": 0}}})
+            thread, first, outcome = _stream_in_thread(client, ENDLESS)
+            bridge.send({"id": "ws", "method": "Generate", "request": {"prompt": LONG_PROMPT, "maxTokens": 2000, "sampling": {"temperature": 0, "repeatPenalty": 1}}})
             assert "chunk" in next(bridge.frames_of("ws"))
             assert first.wait(120)
             running.process.send_signal(signal.SIGTERM)

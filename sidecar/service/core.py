@@ -51,7 +51,7 @@ class SidecarService:
         self.draining = False
         self._process = psutil.Process()
         # Engine jobs of the streams in flight, so a shutdown can end each with a final chunk.
-        self._jobs: set = set()
+        self._jobs: dict[int, object] = {}  # id(job) -> job (jobs are not hashable)
         self._idle = asyncio.Event()
         self._idle.set()
 
@@ -84,7 +84,7 @@ class SidecarService:
     async def _stream(self, spec) -> AsyncIterator[pb.GenerateChunk]:
         collector = StreamCollector(asyncio.get_running_loop())
         job = self.engine.submit(spec, collector.put)
-        self._jobs.add(job)
+        self._jobs[id(job)] = job
         self._idle.clear()
         log.debug("generate", request_id=spec.request_id, session_id=spec.session_id)
         try:
@@ -113,7 +113,7 @@ class SidecarService:
                     raise end
         finally:
             job.cancel()  # a no-op when the job already finished
-            self._jobs.discard(job)
+            self._jobs.pop(id(job), None)
             if not self._jobs:
                 self._idle.set()
 
@@ -200,7 +200,7 @@ class SidecarService:
         """End every stream in flight the way the proto says shutdown does: the engine stops each
         at its next step and sends its final chunk (FINISH_REASON_CANCELLED, with usage), so the
         transports can still deliver it and a terminal frame. Returns how many were cancelled."""
-        jobs = list(self._jobs)
+        jobs = list(self._jobs.values())
         for job in jobs:
             job.cancel()
         return len(jobs)
