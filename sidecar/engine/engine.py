@@ -11,6 +11,9 @@ Sessions keep an NPC's KV cache between turns in a sequence; when more sessions 
 context has sequences, the least recently used idle one is saved to host memory and restored on
 its next turn. A reload (new placement after a budget change) saves every sequence the same way,
 builds the new model and context, restores, and carries on: no stream notices but for a pause.
+
+Parts of it live beside it: which sequence a request gets (slot_choice.py), keeping the replying
+sequences on the lowest ids (packing.py), reloads (reload.py), the final report (finish_report.py).
 """
 
 from __future__ import annotations
@@ -31,10 +34,14 @@ from sidecar.engine.native_log import install_native_log_filter
 from sidecar.engine.native_model import ModelFacts, NativeModel
 from sidecar.engine.phase import EnginePhase
 from sidecar.engine.image_prompt import image_report, tokenize_with_images, whole_images_prefix
-from sidecar.engine.requests import Finished, FinishReason, GenerationSpec, Job, Sink, TextDelta, Timings, Usage
+from sidecar.engine.finish_report import cancelled_before_start, finished
+from sidecar.engine.packing import packing_moves, swap
+from sidecar.engine.reload import Reloading, ReloadRequest
+from sidecar.engine.requests import FinishReason, GenerationSpec, Job, Sink, TextDelta
 from sidecar.engine.sampling import SamplerChain
 from sidecar.engine.sessions import Session, SessionStore, SessionView
 from sidecar.engine.slot import ActiveRequest, Slot
+from sidecar.engine.slot_choice import choose_slot, common_prefix, evict
 from sidecar.engine.stats import ThroughputSnapshot, ThroughputStats
 from sidecar.engine.step import SequenceDemand, plan_step, threads_for
 from sidecar.engine.text_stream import TextStream
@@ -69,14 +76,7 @@ class EngineSnapshot:
     vision: EncoderStats | None = None
 
 
-@dataclass
-class _Reload:
-    config: EngineConfig
-    done: Future
-    force: bool = False
-
-
-class Engine:
+class Engine(Reloading):
     """Loads the model at construction (raises ModelLoadError) and serves until close()."""
 
     def __init__(self, config: EngineConfig) -> None:
@@ -91,7 +91,7 @@ class Engine:
         self._slots = [Slot(seq) for seq in range(config.n_seq)]
         self.sessions = SessionStore(config.max_sessions)
         self.stats = ThroughputStats()
-        self._inbox: queue.Queue[Job | _Reload | None] = queue.Queue()
+        self._inbox: queue.Queue[Job | ReloadRequest | None] = queue.Queue()
         self._waiting: deque[Job] = deque()
         self._closing = False
         self.last_reload_pause_ms = 0.0
@@ -161,7 +161,7 @@ class Engine:
         if self._closing:
             done.set_exception(Unavailable("the engine is shutting down"))
             return done
-        self._inbox.put(_Reload(config, done, force))
+        self._inbox.put(ReloadRequest(config, done, force))
         return done
 
     def end_session(self, session_id: str) -> int:
@@ -217,16 +217,8 @@ class Engine:
             if isinstance(item, Job):
                 self._waiting.append(item)
                 continue  # gather everything that arrived before composing the next pass
-            if isinstance(item, _Reload):
-                # The caller may have given up (a SetBudget call cancelled by the game): then the
-                # change is not applied, and the future can no longer take a result.
-                if item.done.set_running_or_notify_cancel():
-                    try:
-                        self._reload(item)
-                    except Exception as e:  # the engine thread must outlive any one reload
-                        log.exception("reload failed")
-                        if not item.done.done():
-                            item.done.set_exception(EngineFailure(f"reload failed: {type(e).__name__}: {e}"))
+            if isinstance(item, ReloadRequest):
+                self._reload_if_wanted(item)
                 continue
             self._admit()
             if any(s.busy for s in self._slots):
@@ -249,7 +241,7 @@ class Engine:
                 break
             if isinstance(item, Job):
                 item.sink(Unavailable("the daemon is shutting down"))
-            elif isinstance(item, _Reload) and item.done.set_running_or_notify_cancel():
+            elif isinstance(item, ReloadRequest) and item.done.set_running_or_notify_cancel():
                 item.done.set_exception(Unavailable("the daemon is shutting down"))
 
     # -- admission ----------------------------------------------------------------------------------
@@ -261,12 +253,15 @@ class Engine:
         while self._waiting:
             job = self._waiting.popleft()
             if job.cancelled:
-                job.sink(_cancelled_before_start(job))
+                job.sink(cancelled_before_start(job))
                 continue
-            slot = self._choose_slot(job)
-            if slot is None:
+            choice = choose_slot(job, self._slots, self.sessions, self._one_off_prompt_tokens)
+            if choice is None:
                 still_waiting.append(job)
                 continue
+            slot = choice.slot
+            if choice.evict:
+                evict(slot, self._ctx, self.sessions)
             try:
                 self._start(job, slot)
             except SidecarError as e:
@@ -276,58 +271,16 @@ class Engine:
                 job.sink(EngineFailure(f"internal error: {type(e).__name__}: {e}"))
         self._waiting = still_waiting
 
-    def _choose_slot(self, job: Job) -> Slot | None:
-        sid = job.spec.session_id
-        if sid and any(s.busy and s.session_id == sid for s in self._slots):
-            return None  # one turn at a time per NPC
-        free = [s for s in self._slots if not s.busy]
-        if not free:
-            return None
-        if sid:
-            home = next((s for s in free if s.session_id == sid), None)
-            if home is not None:
-                return home
-        # Prefer a sequence no live session needs, then the least recently used session's.
-        unowned = [s for s in free if s.session_id is None or self.sessions.get(s.session_id) is None]
-        if unowned:
-            return max(unowned, key=lambda s: self._preference(s, job))
-        victim = min(free, key=lambda s: s.last_used)
-        self._evict(victim)
-        return victim
-
-    def _preference(self, slot: Slot, job: Job) -> tuple:
-        """How well a free sequence suits a one-off request: the longest reusable prefix first; then
-        an empty sequence, the lowest id first so replies stay packed (see _pack); then the
-        leftovers least recently used, as the least likely to be asked for again."""
-        if not slot.cached:
-            return (0, 1, -slot.seq)
-        return (self._reusable_prefix(slot, job), 0, -slot.last_used)
-
-    def _reusable_prefix(self, slot: Slot, job: Job) -> int:
-        """Tokens of a one-off request's prompt that `slot` already holds: NPCs sharing a system
-        prompt, or a game repeating a request, land where their prefix is cached."""
-        if slot.session_id is not None or not slot.cached or job.spec.session_id or job.spec.asks_about_image:
-            return 0
+    def _one_off_prompt_tokens(self, job: Job) -> list[int] | None:
+        """A one-off request's prompt tokens, kept on the job for _start; None if it cannot be
+        rendered (_start reports why)."""
         if job.prompt_tokens is None:
             try:
                 _, text = self._assemble(job.spec, None)
             except SidecarError:
-                return 0  # _start reports it
+                return None
             job.prompt_tokens, _ = tokenize_with_images(self.model.tokenize, text, [])
-        return _common_prefix(slot.cached, job.prompt_tokens)
-
-    def _evict(self, slot: Slot) -> None:
-        """Move the sequence's session to host memory and free the sequence."""
-        session = self.sessions.get(slot.session_id) if slot.session_id else None
-        if session is not None and slot.cached:
-            session.saved_state = self._ctx.save(slot.seq)
-            session.saved_tokens = list(slot.cached)
-            log.debug("session evicted", session_id=session.session_id, tokens=len(slot.cached), bytes=len(session.saved_state))
-        if session is not None:
-            session.seq = None
-        self._ctx.clear(slot.seq)
-        slot.cached = []
-        slot.session_id = None
+        return job.prompt_tokens
 
     def _start(self, job: Job, slot: Slot) -> None:
         spec = job.spec
@@ -350,7 +303,7 @@ class Engine:
             )
         if slot.session_id != spec.session_id or not spec.session_id:
             self._bind(slot, session)
-        common = whole_images_prefix(_common_prefix(slot.cached, tokens), spans)
+        common = whole_images_prefix(common_prefix(slot.cached, tokens), spans)
         if not self._ctx.truncate(slot.seq, common):
             self._ctx.clear(slot.seq)
             common = 0
@@ -469,42 +422,10 @@ class Engine:
             self._sample(by_seq[seq], index, now)
 
     def _pack(self) -> None:
-        """Move generating sequences down into the gaps below them, so they hold ids 0..n-1.
-
-        Without a unified KV cache llama.cpp puts only consecutive sequence ids into one
-        micro-batch (llama_batch_allocr::split_equal, sequential), so every gap costs one more
-        pass over the weights per step. SmolLM2, 16 streams, 2 cores: 376 tokens/s packed, 277
-        with one gap, 170 spread over 64 sequences. A move copies the used cells only (a few MB
-        for a short conversation), once per gap, where a gap costs every step.
-        """
-        n_active = sum(1 for s in self._slots if s.busy)
-        gaps = [s for s in self._slots[:n_active] if not s.busy]
-        if not gaps:
-            return
-        movers = [s for s in self._slots[n_active:] if s.busy]
-        for low, high in zip(gaps, movers):
-            self._swap(low, high)
-
-    def _swap(self, low: Slot, high: Slot) -> None:
-        """Exchange an idle slot's cache and a generating one's. What the idle slot held moves up
-        rather than out: an idle session's turns, or a one-off prompt the next request may share."""
-        moving = self._ctx.save(high.seq) if high.cached else None
-        parked = self._ctx.save(low.seq) if low.cached else None
-        self._ctx.clear(low.seq)
-        self._ctx.clear(high.seq)
-        if moving is not None:
-            self._ctx.restore(low.seq, moving)
-        if parked is not None:
-            self._ctx.restore(high.seq, parked)
-        low.cached, high.cached = high.cached, low.cached
-        low.session_id, high.session_id = high.session_id, low.session_id
-        low.active, high.active = high.active, low.active
-        low.last_used, high.last_used = high.last_used, low.last_used
-        for slot in (low, high):
-            session = self.sessions.get(slot.session_id) if slot.session_id else None
-            if session is not None:
-                session.seq = slot.seq
-        self.stats.record_move()
+        """Move generating sequences down into the gaps below them (see packing.py)."""
+        for low, high in packing_moves(self._slots):
+            swap(self._ctx, self.sessions, low, high)
+            self.stats.record_move()
 
     def _demand(self, slot: Slot) -> SequenceDemand:
         a = slot.active
@@ -574,94 +495,4 @@ class Engine:
             a.session.tokens = len(slot.cached)
             a.session.last_used = time.time()
         self.stats.record_request()
-        a.job.sink(_finished(a, reason, ended))
-
-    # -- reload ---------------------------------------------------------------------------------------
-
-    def _reload(self, request: _Reload) -> None:
-        """Save every sequence, rebuild model and context with the new configuration, restore."""
-        if not request.force and _same_placement(self.config, request.config):
-            self.config = request.config  # threads are read per pass: nothing to rebuild
-            request.done.set_result((False, 0.0))
-            return
-        t0 = time.perf_counter()
-        self.phase = EnginePhase.RELOADING
-        saved = {s.seq: self._ctx.save(s.seq) for s in self._slots if s.cached}
-        old_config = self.config
-        if self.encoder is not None:
-            self.encoder.close()  # it holds the old text model's pointer
-            self.encoder = None
-        self._ctx.close()
-        self.model.close()
-        try:
-            self.model, self._ctx = self._load(request.config)
-            self.config = request.config
-            self.load_report = parse_load_log(self.model.load_log + self._ctx.load_log)
-        except SidecarError as e:
-            log.error("reload failed; restoring the previous configuration", error=str(e))
-            self.model, self._ctx = self._load(old_config)
-            self.encoder = self._open_encoder(old_config)
-            self._restore_all(saved)
-            self.phase = EnginePhase.READY
-            request.done.set_exception(e)
-            return
-        self.encoder = self._open_encoder(self.config)
-        self._restore_all(saved)
-        self.phase = EnginePhase.READY
-        self.last_reload_pause_ms = (time.perf_counter() - t0) * 1000.0
-        log.info("reloaded", pause_ms=round(self.last_reload_pause_ms, 1), sequences=len(saved))
-        request.done.set_result((True, self.last_reload_pause_ms))
-
-    def _restore_all(self, saved: dict[int, bytes]) -> None:
-        for seq, state in saved.items():
-            self._ctx.restore(seq, state)
-
-
-# Read per pass (threads) or only reported (the schedule's predictions): changing them needs no reload.
-_THREAD_FIELDS = {"threads_decode", "threads_prefill", "tier_threads", "schedule"}
-
-
-def _same_placement(a: EngineConfig, b: EngineConfig) -> bool:
-    """True when two configurations differ at most in threads, which need no reload."""
-    return all(getattr(a, f) == getattr(b, f) for f in a.__dataclass_fields__ if f not in _THREAD_FIELDS)
-
-
-def _common_prefix(cached: list[int], tokens: list[int]) -> int:
-    """Tokens of `tokens` already in the cache, leaving at least the last one to decode again
-    (its logits are what the first new token is sampled from)."""
-    limit = min(len(tokens) - 1, len(cached))
-    n = 0
-    while n < limit and cached[n] == tokens[n]:
-        n += 1
-    return n
-
-
-def _cancelled_before_start(job: Job) -> Finished:
-    now = time.perf_counter()
-    waited = (now - job.submitted_at) * 1000.0
-    return Finished(
-        reason=FinishReason.CANCELLED,
-        usage=Usage(0, 0, 0),
-        timings=Timings(0.0, 0.0, 0.0, waited, waited),
-        session_id=job.spec.session_id,
-    )
-
-
-def _finished(a: ActiveRequest, reason: FinishReason, ended: float) -> Finished:
-    submitted = a.job.submitted_at
-    prefill_s = (a.prefill_done_at or ended) - a.started_at
-    new_prompt = len(a.prompt_tokens) - a.cached_tokens
-    decode_s = ended - a.first_token_at if a.first_token_at is not None else 0.0
-    return Finished(
-        reason=reason,
-        usage=Usage(prompt_tokens=len(a.prompt_tokens), cached_prompt_tokens=a.cached_tokens, completion_tokens=a.generated),
-        timings=Timings(
-            time_to_first_token_ms=((a.first_token_at or ended) - submitted) * 1000.0,
-            prefill_tokens_per_s=new_prompt / prefill_s if prefill_s > 0 and a.prefill_done_at else 0.0,
-            decode_tokens_per_s=(a.generated - 1) / decode_s if a.generated > 1 and decode_s > 0 else 0.0,
-            total_ms=(ended - submitted) * 1000.0,
-            queued_ms=(a.started_at - submitted) * 1000.0,
-        ),
-        session_id=a.job.spec.session_id,
-        image=a.image_report,
-    )
+        a.job.sink(finished(a, reason, ended))

@@ -1,0 +1,39 @@
+"""The last event of a request: its finish reason, token counts and timings."""
+
+from __future__ import annotations
+
+import time
+
+from sidecar.engine.requests import Finished, FinishReason, Job, Timings, Usage
+from sidecar.engine.slot import ActiveRequest
+
+
+def cancelled_before_start(job: Job) -> Finished:
+    now = time.perf_counter()
+    waited = (now - job.submitted_at) * 1000.0
+    return Finished(
+        reason=FinishReason.CANCELLED,
+        usage=Usage(0, 0, 0),
+        timings=Timings(0.0, 0.0, 0.0, waited, waited),
+        session_id=job.spec.session_id,
+    )
+
+
+def finished(a: ActiveRequest, reason: FinishReason, ended: float) -> Finished:
+    submitted = a.job.submitted_at
+    prefill_s = (a.prefill_done_at or ended) - a.started_at
+    new_prompt = len(a.prompt_tokens) - a.cached_tokens
+    decode_s = ended - a.first_token_at if a.first_token_at is not None else 0.0
+    return Finished(
+        reason=reason,
+        usage=Usage(prompt_tokens=len(a.prompt_tokens), cached_prompt_tokens=a.cached_tokens, completion_tokens=a.generated),
+        timings=Timings(
+            time_to_first_token_ms=((a.first_token_at or ended) - submitted) * 1000.0,
+            prefill_tokens_per_s=new_prompt / prefill_s if prefill_s > 0 and a.prefill_done_at else 0.0,
+            decode_tokens_per_s=(a.generated - 1) / decode_s if a.generated > 1 and decode_s > 0 else 0.0,
+            total_ms=(ended - submitted) * 1000.0,
+            queued_ms=(a.started_at - submitted) * 1000.0,
+        ),
+        session_id=a.job.spec.session_id,
+        image=a.image_report,
+    )

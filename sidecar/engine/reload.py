@@ -1,0 +1,94 @@
+"""Switching the engine to a new configuration between two forward passes.
+
+A change of threads is read per pass and needs nothing. Anything else (placement, context, batch
+sizes) saves every sequence's KV state to host memory, frees model and context, builds them anew
+and restores the sequences, so each conversation goes on where it was; if the new configuration
+does not load, the old one is built again around the same saved states.
+
+`Reloading` is a part of Engine (a mixin): it swaps the engine's model, context and encoder,
+which only the engine thread may touch.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+import structlog
+
+from sidecar.engine.config import EngineConfig
+from sidecar.engine.load_report import parse_load_log
+from sidecar.engine.phase import EnginePhase
+from sidecar.errors import EngineFailure, SidecarError
+
+log = structlog.get_logger("engine")
+
+# Read per pass (threads) or only reported (the schedule's predictions): changing them needs no reload.
+_THREAD_FIELDS = {"threads_decode", "threads_prefill", "tier_threads", "schedule"}
+
+
+@dataclass
+class ReloadRequest:
+    config: EngineConfig
+    done: Future
+    force: bool = False
+
+
+def same_placement(a: EngineConfig, b: EngineConfig) -> bool:
+    """True when two configurations differ at most in threads, which need no reload."""
+    return all(getattr(a, f) == getattr(b, f) for f in a.__dataclass_fields__ if f not in _THREAD_FIELDS)
+
+
+class Reloading:
+    """Engine's reload, on the engine thread (see Engine.reload for the caller's side)."""
+
+    def _reload_if_wanted(self, request: ReloadRequest) -> None:
+        """Apply a reload unless its caller gave up (a SetBudget call cancelled by the game): then
+        the change is not applied, and the future can no longer take a result."""
+        if not request.done.set_running_or_notify_cancel():
+            return
+        try:
+            self._reload(request)
+        except Exception as e:  # the engine thread must outlive any one reload
+            log.exception("reload failed")
+            if not request.done.done():
+                request.done.set_exception(EngineFailure(f"reload failed: {type(e).__name__}: {e}"))
+
+    def _reload(self, request: ReloadRequest) -> None:
+        """Save every sequence, rebuild model and context with the new configuration, restore."""
+        if not request.force and same_placement(self.config, request.config):
+            self.config = request.config  # threads are read per pass: nothing to rebuild
+            request.done.set_result((False, 0.0))
+            return
+        t0 = time.perf_counter()
+        self.phase = EnginePhase.RELOADING
+        saved = {s.seq: self._ctx.save(s.seq) for s in self._slots if s.cached}
+        old_config = self.config
+        if self.encoder is not None:
+            self.encoder.close()  # it holds the old text model's pointer
+            self.encoder = None
+        self._ctx.close()
+        self.model.close()
+        try:
+            self.model, self._ctx = self._load(request.config)
+            self.config = request.config
+            self.load_report = parse_load_log(self.model.load_log + self._ctx.load_log)
+        except SidecarError as e:
+            log.error("reload failed; restoring the previous configuration", error=str(e))
+            self.model, self._ctx = self._load(old_config)
+            self.encoder = self._open_encoder(old_config)
+            self._restore_all(saved)
+            self.phase = EnginePhase.READY
+            request.done.set_exception(e)
+            return
+        self.encoder = self._open_encoder(self.config)
+        self._restore_all(saved)
+        self.phase = EnginePhase.READY
+        self.last_reload_pause_ms = (time.perf_counter() - t0) * 1000.0
+        log.info("reloaded", pause_ms=round(self.last_reload_pause_ms, 1), sequences=len(saved))
+        request.done.set_result((True, self.last_reload_pause_ms))
+
+    def _restore_all(self, saved: dict[int, bytes]) -> None:
+        for seq, state in saved.items():
+            self._ctx.restore(seq, state)

@@ -1,0 +1,95 @@
+"""Which sequence a new request goes to, and freeing one an idle session holds.
+
+The choice is pure (slots, sessions, the request's prompt tokens in; a slot out); only `evict`
+touches llama.cpp, to move a session's cache to host memory when every free sequence is taken.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import structlog
+
+from sidecar.engine.native_context import NativeContext
+from sidecar.engine.requests import Job
+from sidecar.engine.sessions import SessionStore
+from sidecar.engine.slot import Slot
+
+log = structlog.get_logger("engine")
+
+# The prompt tokens of a one-off request (tokenized on first ask), or None when it cannot be
+# tokenized here (starting it reports why).
+PromptTokens = Callable[[Job], "list[int] | None"]
+
+
+@dataclass(frozen=True)
+class SlotChoice:
+    """The sequence for a request; `evict` when an idle session's cache must leave it first."""
+
+    slot: Slot
+    evict: bool = False
+
+
+def choose_slot(job: Job, slots: list[Slot], sessions: SessionStore, prompt_tokens: PromptTokens) -> SlotChoice | None:
+    """The sequence for `job`, or None while it must wait (no free sequence, or its session is
+    mid-turn elsewhere: one turn at a time per NPC)."""
+    sid = job.spec.session_id
+    if sid and any(s.busy and s.session_id == sid for s in slots):
+        return None
+    free = [s for s in slots if not s.busy]
+    if not free:
+        return None
+    if sid:
+        home = next((s for s in free if s.session_id == sid), None)
+        if home is not None:
+            return SlotChoice(home)
+    # Prefer a sequence no live session needs, then the least recently used session's.
+    unowned = [s for s in free if s.session_id is None or sessions.get(s.session_id) is None]
+    if unowned:
+        return SlotChoice(max(unowned, key=lambda s: preference(s, job, prompt_tokens)))
+    return SlotChoice(min(free, key=lambda s: s.last_used), evict=True)
+
+
+def preference(slot: Slot, job: Job, prompt_tokens: PromptTokens) -> tuple:
+    """How well a free sequence suits a one-off request: the longest reusable prefix first; then
+    an empty sequence, the lowest id first so replies stay packed (see packing.py); then the
+    leftovers least recently used, as the least likely to be asked for again."""
+    if not slot.cached:
+        return (0, 1, -slot.seq)
+    return (reusable_prefix(slot, job, prompt_tokens), 0, -slot.last_used)
+
+
+def reusable_prefix(slot: Slot, job: Job, prompt_tokens: PromptTokens) -> int:
+    """Tokens of a one-off request's prompt that `slot` already holds: NPCs sharing a system
+    prompt, or a game repeating a request, land where their prefix is cached."""
+    if slot.session_id is not None or not slot.cached or job.spec.session_id or job.spec.asks_about_image:
+        return 0
+    tokens = prompt_tokens(job)
+    if tokens is None:
+        return 0
+    return common_prefix(slot.cached, tokens)
+
+
+def common_prefix(cached: list[int], tokens: list[int]) -> int:
+    """Tokens of `tokens` already in the cache, leaving at least the last one to decode again
+    (its logits are what the first new token is sampled from)."""
+    limit = min(len(tokens) - 1, len(cached))
+    n = 0
+    while n < limit and cached[n] == tokens[n]:
+        n += 1
+    return n
+
+
+def evict(slot: Slot, ctx: NativeContext, sessions: SessionStore) -> None:
+    """Move the sequence's session to host memory and free the sequence."""
+    session = sessions.get(slot.session_id) if slot.session_id else None
+    if session is not None and slot.cached:
+        session.saved_state = ctx.save(slot.seq)
+        session.saved_tokens = list(slot.cached)
+        log.debug("session evicted", session_id=session.session_id, tokens=len(slot.cached), bytes=len(session.saved_state))
+    if session is not None:
+        session.seq = None
+    ctx.clear(slot.seq)
+    slot.cached = []
+    slot.session_id = None
