@@ -72,18 +72,30 @@ def segments_text(segments: list[Segment]) -> str:
     return "".join(s.text for s in segments)
 
 
-def tokenize_segments(tokenize: Tokenize, segments: list[Segment], images: list = ()) -> tuple[list[int], dict[int, object]]:
+@dataclass(frozen=True)
+class Tokenized:
+    """A prompt's tokens; `spans`: index of each image's first embedding -> the image;
+    `counts`: tokens per segment, in order."""
+
+    tokens: list[int]
+    spans: dict[int, object]
+    counts: list[int]
+
+
+def tokenize_segments(tokenize: Tokenize, segments: list[Segment], images: list = ()) -> Tokenized:
     """Tokens of the segments in order (BOS once, at the start, where the model wants one), each
-    image marker replaced by its image's span; and the index of each image's first embedding.
+    image marker replaced by its image's span.
 
     Images stand in content (AskImage puts the marker before the question), so markers are looked
     for in every segment; their count must match the images."""
     tokens: list[int] = []
     spans: dict[int, object] = {}
+    counts: list[int] = []
     images = list(images)
     used = 0
     first = True
     for segment in segments:
+        before = len(tokens)
         pieces = segment.text.split(IMAGE_MARKER)
         for i, piece in enumerate(pieces):
             if i > 0:
@@ -96,6 +108,48 @@ def tokenize_segments(tokenize: Tokenize, segments: list[Segment], images: list 
             if piece or first:
                 tokens.extend(tokenize(piece, add_bos=first, parse_special=segment.special))
                 first = False
+        counts.append(len(tokens) - before)
     if used != len(images):
         raise InvalidArgument(f"message text may not contain {IMAGE_MARKER!r}; it stands for images")
-    return tokens, spans
+    return Tokenized(tokens, spans, counts)
+
+
+def message_costs(segments: list[Segment], counts: list[int], n_messages: int) -> list[int]:
+    """Tokens each message accounts for: its content and the template text before it (its role
+    header, the previous turn's end); text after the last content goes to the last message."""
+    costs = [0] * n_messages
+    pending = 0
+    last = n_messages - 1
+    for segment, n in zip(segments, counts):
+        if segment.special:
+            pending += n
+        else:
+            costs[segment.message] += pending + n
+            pending = 0
+            last = segment.message
+    if n_messages:
+        costs[last] += pending
+    return costs
+
+
+def message_offsets(segments: list[Segment], counts: list[int], n_messages: int) -> list[int]:
+    """Token index where each message's part (as message_costs counts it) begins; a message whose
+    content is empty begins where the next one does."""
+    offsets = [-1] * (n_messages + 1)
+    at = 0
+    start_of_pending = 0
+    pending = False
+    for segment, n in zip(segments, counts):
+        if segment.special:
+            if not pending:
+                start_of_pending, pending = at, True
+        else:
+            if offsets[segment.message] < 0:
+                offsets[segment.message] = start_of_pending if pending else at
+            pending = False
+        at += n
+    offsets[n_messages] = at
+    for i in range(n_messages - 1, -1, -1):
+        if offsets[i] < 0:
+            offsets[i] = offsets[i + 1]
+    return offsets

@@ -126,3 +126,22 @@ def predicted_pass_ms(n_tokens: int, tiers: tuple[tuple[int, float], ...]) -> fl
             return ms0 + (ms1 - ms0) * (n_tokens - n0) / (n1 - n0)
     n_last, ms_last = points[-1]
     return ms_last * n_tokens / n_last
+
+
+def plan_pass_times(schedule: object | None) -> tuple[tuple[int, float], ...]:
+    """(max_tokens, predicted ms per pass) of each tier of a planner Schedule; () without one."""
+    tiers = getattr(schedule, "tiers", ()) or ()
+    return tuple(sorted((t.max_tokens, t.predicted_ms_per_pass) for t in tiers if t.predicted_ms_per_pass > 0))
+
+
+@dataclass
+class PassBaseline:
+    """Without a plan: the fastest pass seen per token tier at the planned threads stands in for
+    the prediction (a machine busy from the start then looks normal, which costs nothing)."""
+
+    best: dict[int, float] = field(default_factory=dict)
+
+    def predicted_ms(self, tier: int, planned: int, used: int, elapsed_ms: float) -> float:
+        if used == planned:
+            self.best[tier] = min(self.best.get(tier, elapsed_ms), elapsed_ms)
+        return self.best.get(tier, 0.0)

@@ -182,6 +182,8 @@ def chunk_from_finished(f: Finished) -> pb.GenerateChunk:
             ),
             session_id=f.session_id,
             image=image,
+            history_turns_dropped=f.history_turns_dropped,
+            history_tokens_kept=f.history_tokens_kept,
         )
     )
 
