@@ -6,7 +6,8 @@ import pytest
 
 from sidecar.engine.thread_governor import GovernorSettings, ThreadGovernor, predicted_pass_ms
 
-FAST = GovernorSettings(slow_ratio=3.0, slow_passes=3, probe_after=10, max_probe_after=40, probe_passes=4, keep_gain=0.85, window=8)
+FAST = GovernorSettings(suspect_ratio=1.5, hopeless_ratio=6.0, window=4, down_after=4, probe_after=10,
+                        max_probe_after=40, probe_passes=4, keep_gain=0.85)
 
 
 def run(governor: ThreadGovernor, planned: int, cost_at: dict[int, float], passes: int, predicted_ms: float = 10.0) -> list[str]:
@@ -20,19 +21,23 @@ def run(governor: ThreadGovernor, planned: int, cost_at: dict[int, float], passe
 
 
 QUIET = {1: 1.7, 2: 1.0}  # one thread is 1.7x slower than the planned two
-BUSY = {1: 1.6, 2: 18.0}  # another process holds a core: two threads wait at every barrier
+BUSY = {1: 1.6, 2: 3.3}  # one of two cores busy (measured with SmolLM2, 4 streams)
+VERY_BUSY = {1: 1.6, 2: 18.0}  # two threads wait at every barrier
+OFF_PLAN = {1: 2.6, 2: 1.6}
+SPIKE = {1: 1.7, 2: 2.5}  # one pass a little slow  # a quiet machine the plan overrates: two threads are still better
 
 
 @pytest.mark.parametrize(
     "name, phases, expected_caps",
     [
-        # (cost table, passes) phases, then the cap after each phase
-        ("quiet machine stays at plan", [(QUIET, 50)], [2]),
-        ("busy machine steps down after a run of slow passes", [(BUSY, 3)], [1]),
-        ("two slow passes are noise", [(BUSY, 2), (QUIET, 1), (BUSY, 2)], [2, 2, 2]),
-        ("busy, then quiet: probes back up", [(BUSY, 3), (QUIET, 30)], [1, 2]),
-        ("stays busy: probes revert and stay at one thread", [(BUSY, 3), (BUSY, 200)], [1, 1]),
-        ("a slow single thread is the best there is", [(BUSY, 3), ({1: 50.0, 2: 60.0}, 100)], [1, 1]),
+        ("quiet machine stays at plan", [(QUIET, 60)], [2]),
+        ("busy: a probe down finds one thread faster", [(BUSY, 40)], [1]),
+        ("very busy: steps down at once", [(VERY_BUSY, 4)], [1]),
+        ("one slow pass is noise", [(QUIET, 3), (SPIKE, 1), (QUIET, 40)], [2, 2, 2]),
+        ("busy, then quiet: probes back up", [(VERY_BUSY, 4), (QUIET, 40)], [1, 2]),
+        ("stays busy: probes up revert", [(VERY_BUSY, 4), (VERY_BUSY, 200)], [1, 1]),
+        ("a plan that is off keeps the faster count", [(OFF_PLAN, 200)], [2]),
+        ("a slow single thread is the best there is", [(VERY_BUSY, 4), ({1: 50.0, 2: 60.0}, 100)], [1, 1]),
     ],
 )
 def test_governor_table(name: str, phases: list, expected_caps: list[int]) -> None:
@@ -44,14 +49,13 @@ def test_governor_table(name: str, phases: list, expected_caps: list[int]) -> No
     assert caps == expected_caps, name
 
 
-def test_probes_back_off_while_the_machine_stays_busy() -> None:
-    governor = ThreadGovernor(max_threads=2, settings=FAST)
-    actions = run(governor, 2, BUSY, 400)
-    probes = [i for i, a in enumerate(actions) if a == "probe"]
-    gaps = [b - a for a, b in zip(probes, probes[1:])]
-    assert gaps == sorted(gaps) and gaps[-1] >= FAST.max_probe_after, gaps
-    # Time spent at the slow thread count stays a small share of all passes.
-    assert actions.count("revert") == len(probes) - (1 if len(actions) - probes[-1] <= FAST.probe_passes else 0)
+def test_probes_back_off_while_nothing_changes() -> None:
+    for costs in (VERY_BUSY, OFF_PLAN):
+        governor = ThreadGovernor(max_threads=2, settings=FAST)
+        actions = run(governor, 2, costs, 600)
+        probes = [i for i, a in enumerate(actions) if a == "probe"]
+        gaps = [b - a for a, b in zip(probes, probes[1:])]
+        assert gaps == sorted(gaps) and gaps[-1] >= FAST.max_probe_after, (costs, gaps)
 
 
 def test_never_more_than_planned_nor_less_than_one() -> None:

@@ -1,17 +1,22 @@
-"""Fewer threads when the CPU is busy: notice passes far slower than planned, step down, probe back up.
+"""Fewer threads when the CPU is busy: notice passes far slower than planned, try fewer, probe back up.
 
 The plan gives each token tier a thread count measured on a quiet machine. Beside a game the cores
 are often busy, and llama.cpp's threads then wait for each other at every barrier: with 2 threads
-on 2 busy cores a pass took 15-20x its planned time, where 1 thread ran close to plan (issue 17:
-4-5 against 64-96 tokens/s). So the engine reports each pass here, and the governor caps threads:
+on 2 cores of which one is busy, SmolLM2's 4-stream passes took 3.3x their planned time where one
+thread took 1.6x (issue 17 measured up to 15x on another machine). So the engine reports each pass
+here, and the governor caps the threads:
 
-- a pass is *slow* when it took `slow_ratio` times what the plan predicts at the threads it ran
-  with (the plan's time at its own thread count, scaled up linearly for fewer threads);
-- `slow_passes` slow passes in a row at the cap step the cap down by one;
-- after `probe_after` passes at a lowered cap, `probe_passes` passes run one thread higher; the
-  higher count is kept only if those passes cost clearly less (`keep_gain`) than the ones before,
-  otherwise the cap stays and the next probe waits twice as long (up to `max_probe_after`), so a
-  machine that stays busy is not disturbed every few seconds.
+- the last `window` passes at the cap are *suspect* when on average they took `suspect_ratio`
+  times what the plan predicts at the threads they ran with (the plan's time at its own thread
+  count, scaled up linearly for fewer threads), and *hopeless* past `hopeless_ratio`. An average,
+  not a median: on a busy machine most passes run near plan and a few stall for 5-10x as long
+  (a descheduled thread), and it is the stalls that cost the throughput;
+- hopeless passes step the cap down at once; suspect ones start a probe: `probe_passes` passes
+  one thread lower;
+- after `probe_after` passes at a lowered cap, a probe runs one thread higher;
+- a probe's thread count is kept only if its passes cost clearly less (`keep_gain`) than the ones
+  before it; otherwise the next probe that way waits twice as long (up to `max_probe_after`), so a
+  machine that stays busy (or a plan that is just a little off) is not disturbed every second.
 
 Costs are compared as measured time over the plan's time at the planned threads, so passes of
 different sizes compare. Pure: no clock, no llama.cpp; the engine feeds it what it measured.
@@ -20,23 +25,24 @@ different sizes compare. Pure: no clock, no llama.cpp; the engine feeds it what 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from statistics import median
+from statistics import fmean
 
 
 @dataclass(frozen=True)
 class GovernorSettings:
-    slow_ratio: float = 3.0
-    slow_passes: int = 6
-    probe_after: int = 400
+    suspect_ratio: float = 1.5
+    hopeless_ratio: float = 6.0
+    window: int = 8  # recent passes at the cap, averaged, and compared against a probe
+    down_after: int = 8  # passes at a cap before a probe down may start
+    probe_after: int = 400  # passes at a lowered cap before a probe up
     max_probe_after: int = 6400
-    probe_passes: int = 24
+    probe_passes: int = 8
     keep_gain: float = 0.85
-    window: int = 24  # recent passes at the cap, compared against a probe
 
 
 @dataclass(frozen=True)
 class Decision:
-    """What the governor did with the last pass: "" (nothing), "down", "probe", "keep" or "revert"."""
+    """What the governor did with the last pass: "" (nothing), "down", "up", "probe" or "revert"."""
 
     action: str
     cap: int
@@ -49,21 +55,20 @@ class ThreadGovernor:
     max_threads: int
     settings: GovernorSettings = field(default_factory=GovernorSettings)
     cap: int = 0
-    _slow_run: int = 0
     _since_change: int = 0
-    _probe_after: int = 0
-    _probing: int = 0  # passes left in a probe (at cap + 1)
+    _wait: dict[int, int] = field(default_factory=dict)  # direction -> passes before probing it
+    _probe: int = 0  # direction of the probe running: -1, +1, or 0
+    _probe_left: int = 0
     _recent: list[float] = field(default_factory=list)
     _probe_costs: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.cap = self.cap or self.max_threads
-        self._probe_after = self._probe_after or self.settings.probe_after
+        self._wait = {-1: self.settings.down_after, 1: self.settings.probe_after}
 
     def threads(self, planned: int) -> int:
         """Threads for a pass the plan gives `planned` threads."""
-        limit = self.cap + 1 if self._probing else self.cap
-        return max(1, min(planned, limit))
+        return max(1, min(planned, self.cap + self._probe))
 
     def record(self, planned: int, used: int, elapsed_ms: float, predicted_ms: float) -> Decision:
         """Account one pass: the plan's threads and predicted time for it, the threads it ran
@@ -71,45 +76,45 @@ class ThreadGovernor:
         if predicted_ms <= 0 or elapsed_ms <= 0:
             return Decision("", self.cap)
         cost = elapsed_ms / predicted_ms  # 1.0: as planned, at the planned threads
-        expected = planned / used if used < planned else 1.0
-        if self._probing:
+        if self._probe:
             return self._record_probe(cost)
         self._recent = (self._recent + [cost])[-self.settings.window:]
         self._since_change += 1
-        if cost > self.settings.slow_ratio * expected and used == self.cap and self.cap > 1:
-            self._slow_run += 1
-            if self._slow_run >= self.settings.slow_passes:
-                return self._step_down()
-        else:
-            self._slow_run = 0
-        if self.cap < self.max_threads and self._since_change >= self._probe_after:
-            self._probing = self.settings.probe_passes
-            self._probe_costs = []
-            return Decision("probe", self.cap)
+        expected = planned / used if used < planned else 1.0
+        if used == self.cap and self.cap > 1 and len(self._recent) >= self.settings.window:
+            mean = fmean(self._recent)
+            if mean > self.settings.hopeless_ratio * expected:
+                self._changed(-1)
+                return Decision("down", self.cap)
+            if mean > self.settings.suspect_ratio * expected and self._since_change >= self._wait[-1]:
+                return self._start_probe(-1)
+        if self.cap < self.max_threads and self._since_change >= self._wait[1]:
+            return self._start_probe(1)
         return Decision("", self.cap)
 
-    def _step_down(self) -> Decision:
-        self.cap -= 1
-        self._slow_run = 0
+    def _start_probe(self, direction: int) -> Decision:
+        self._probe, self._probe_left, self._probe_costs = direction, self.settings.probe_passes, []
+        return Decision("probe", self.cap)
+
+    def _changed(self, direction: int) -> None:
+        self.cap += direction
         self._since_change = 0
         self._recent = []
-        self._probe_after = self.settings.probe_after
-        return Decision("down", self.cap)
+        self._wait = {-1: self.settings.down_after, 1: self.settings.probe_after}
 
     def _record_probe(self, cost: float) -> Decision:
         self._probe_costs.append(cost)
-        self._probing -= 1
-        if self._probing > 0:
+        self._probe_left -= 1
+        if self._probe_left > 0:
             return Decision("", self.cap)
-        before = median(self._recent) if self._recent else float("inf")
-        self._since_change = 0
-        self._slow_run = 0
-        if median(self._probe_costs) < self.settings.keep_gain * before:
-            self.cap += 1
+        direction, self._probe = self._probe, 0
+        before = fmean(self._recent) if self._recent else float("inf")
+        if fmean(self._probe_costs) < self.settings.keep_gain * before:
+            self._changed(direction)
             self._recent = list(self._probe_costs[-self.settings.window:])
-            self._probe_after = self.settings.probe_after
-            return Decision("keep", self.cap)
-        self._probe_after = min(self._probe_after * 2, self.settings.max_probe_after)
+            return Decision("down" if direction < 0 else "up", self.cap)
+        self._since_change = 0
+        self._wait[direction] = min(self._wait[direction] * 2, self.settings.max_probe_after)
         return Decision("revert", self.cap)
 
 

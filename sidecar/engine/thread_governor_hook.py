@@ -40,7 +40,7 @@ class GovernedThreads:
             tier = next((m for m, _ in config.tier_threads if n_tokens <= m), config.tier_threads[-1][0])
             predicted = self._baseline.predicted_ms(tier, planned, used, elapsed_ms)
         decision = self._governor.record(planned, used, elapsed_ms, predicted)
-        if decision.action in ("down", "keep"):
+        if decision.action in ("down", "up"):
             log.info("thread cap changed: passes ran far slower than planned (a busy CPU)" if decision.action == "down"
                      else "thread cap raised again: the CPU is quieter", cap=decision.cap, planned=planned,
                      pass_ms=round(elapsed_ms, 1), predicted_ms=round(predicted, 1))
