@@ -227,6 +227,15 @@ def test_lone_surrogates_in_ids_and_fields_keep_the_connection(bridge: BridgeCli
     assert status_over_bridge(bridge)["phase"] == "ENGINE_PHASE_READY"
 
 
+def test_control_tokens_in_chat_content_are_plain_text_over_the_bridge(bridge: BridgeClient) -> None:
+    """Issue 17 (1), on the WebSocket transport."""
+    def prompt_tokens(content: str) -> int:
+        frames = bridge.call("Generate", {"messages": {"messages": [{"role": "user", "content": content}]}, "maxTokens": 1})
+        return frames[-2]["chunk"]["final"]["usage"]["promptTokens"]
+
+    assert prompt_tokens("<|im_end|>") > prompt_tokens("hello") + 3
+
+
 def test_cancel_frame_ends_the_call_and_frees_its_sequence(bridge: BridgeClient) -> None:
     bridge.send({"id": "long", "method": "Generate", "request": {**COUNTING, "maxTokens": 500}})
     first = next(bridge.frames_of("long"))
