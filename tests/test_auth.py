@@ -202,6 +202,15 @@ def test_websocket_with_the_token_in_the_first_frame(generated: RunningDaemon) -
         assert "result" in client.call("GetStatus")[-1]
 
 
+@pytest.mark.parametrize("scheme", ["Bearer ", "bearer ", "BEARER  "])
+def test_websocket_first_frame_takes_bearer_like_grpc(generated: RunningDaemon, scheme: str) -> None:
+    """Issue 17 (6): gRPC takes "bearer <token>" in any case; the first frame refused "Bearer <token>"."""
+    with BridgeClient(generated.ws_address, None) as client:
+        client.send({"auth": scheme + token_of(generated)})
+        assert client.recv() == {"auth": "ok"}
+        assert "result" in client.call("GetStatus")[-1]
+
+
 def test_websocket_with_a_wrong_header_is_refused_at_the_handshake(generated: RunningDaemon) -> None:
     with pytest.raises(InvalidStatus) as refused:
         BridgeClient(generated.ws_address, "wrong-token-wrong-token")

@@ -39,6 +39,8 @@ def test_the_instance_lock_admits_one_holder_and_survives_a_crash(tmp_path) -> N
 
 
 LONG = pb.GenerateRequest(prompt=LONG_PROMPT, max_tokens=2000, sampling=pb.SamplingParams(temperature=0))
+# Without the repetition penalty SmolLM2 counts on past any max_tokens (with it, it stops near 34).
+ENDLESS = pb.GenerateRequest(prompt=LONG_PROMPT, max_tokens=2000, sampling=pb.SamplingParams(temperature=0, repeat_penalty=1.0))
 
 
 @pytest.mark.parametrize("reaped", [True, False], ids=["reaped", "zombie"])
@@ -123,19 +125,60 @@ def test_sigterm_lets_calls_in_flight_finish_and_refuses_new_ones() -> None:
             running.process.kill()
 
 
-def test_calls_still_running_when_the_grace_period_ends_are_cut() -> None:
-    running = start_daemon(*ONE_THREAD, "--grace-seconds", "1")
+def test_calls_still_running_when_the_grace_period_ends_get_a_cancelled_final_chunk() -> None:
+    """Issue 17 (5): at the end of the grace period a gRPC stream ended UNAVAILABLE without a final
+    chunk and a WebSocket call got only close 1001. FINISH_REASON_CANCELLED covers shutdown: each
+    gets its final chunk with usage, then its terminal frame (OK status, `end`)."""
+    running = start_daemon(*ONE_THREAD, "--grace-seconds", "1", "--stream-interval-ms", "0")
     try:
-        with running.client(timeout_s=120) as client:
-            thread, first, outcome = _stream_in_thread(client, LONG)
+        with running.client(timeout_s=120) as client, BridgeClient(running.ws_address, running.token) as bridge:
+            thread, first, outcome = _stream_in_thread(client, ENDLESS)
+            bridge.send({"id": "ws", "method": "Generate", "request": {"prompt": LONG_PROMPT, "maxTokens": 2000, "sampling": {"temperature": 0, "repeatPenalty": 1}}})
+            assert "chunk" in next(bridge.frames_of("ws"))
             assert first.wait(120)
             running.process.send_signal(signal.SIGTERM)
             stopped = time.monotonic()
+            ws_frames = list(bridge.frames_of("ws", timeout=60))
             assert running.process.wait(timeout=60) == 0
             took = time.monotonic() - stopped
             thread.join(60)
-        assert "error" in outcome and outcome["error"] != grpc.StatusCode.OK
+        assert "error" not in outcome, outcome
+        final = outcome["chunks"][-1].final
+        assert final.finish_reason == pb.FINISH_REASON_CANCELLED
+        assert final.usage.completion_tokens == sum(len(c.token_ids) for c in outcome["chunks"]) > 0
+        assert ws_frames[-1] == {"id": "ws", "end": True}, ws_frames[-3:]
+        ws_final = ws_frames[-2]["chunk"]["final"]
+        assert ws_final["finishReason"] == "FINISH_REASON_CANCELLED"
+        assert int(ws_final["usage"]["completionTokens"]) > 0
         assert took < 15, took
+    finally:
+        if running.process.poll() is None:
+            running.process.kill()
+
+
+def test_during_the_grace_period_grpc_answers_unavailable_and_health_not_serving() -> None:
+    """Issue 17 (8): the gRPC port closed at once on SIGTERM (connection refused, health not
+    pollable). Until the grace period ends it answers: UNAVAILABLE from the daemon for new work,
+    NOT_SERVING from health."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    running = start_daemon(*ONE_THREAD, "--grace-seconds", "120", "--stream-interval-ms", "0")
+    try:
+        with running.client(timeout_s=120) as client:
+            thread, first, outcome = _stream_in_thread(client, pb.GenerateRequest(prompt=LONG_PROMPT, max_tokens=60))
+            assert first.wait(120)
+            running.process.send_signal(signal.SIGTERM)
+            time.sleep(0.5)
+            with grpc.insecure_channel(running.address) as channel:
+                health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=30)
+                assert health.status == health_pb2.HealthCheckResponse.NOT_SERVING
+            with running.client(timeout_s=30) as late, pytest.raises(grpc.RpcError) as refused:
+                late.complete(pb.GenerateRequest(prompt="Hi", max_tokens=2))
+            assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert "shutting down" in refused.value.details()  # the daemon's answer, not a refused connection
+            thread.join(120)
+        assert "error" not in outcome and outcome["chunks"][-1].final.usage.completion_tokens > 0
+        assert running.process.wait(timeout=60) == 0
     finally:
         if running.process.poll() is None:
             running.process.kill()

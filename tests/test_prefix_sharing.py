@@ -122,21 +122,32 @@ def test_prefixes_are_cut_at_the_shared_context_else_at_whole_shared_blocks() ->
 
 
 def test_the_context_opens_the_system_message_of_a_conversations_first_turn_only() -> None:
-    from sidecar.engine.prompt_layout import assemble
+    from sidecar.engine.prompt_build import build_prompt
     from sidecar.engine.sessions import Session
 
-    def render(messages: list[tuple[str, str]]) -> str:
-        return "|".join(f"{role}:{content}" for role, content in messages)
+    class TextModel:
+        """Renders "role:content|..." and tokenizes one token per character, so the prompt's
+        text can be read back from its tokens."""
+
+        def render_chat(self, messages: list[tuple[str, str]]) -> str:
+            return "|".join(f"{role}:{content}" for role, content in messages)
+
+        def tokenize(self, text: str, *, add_bos: bool, parse_special: bool) -> list[int]:
+            return [ord(c) for c in text]
+
+    def text_of(spec: GenerationSpec, session=None) -> str:
+        built = build_prompt(TextModel(), spec, session, [], max_prompt_tokens=4000, n_ctx=8192)
+        return "".join(map(chr, built.tokens))
 
     spec = GenerationSpec(prompt=Prompt(messages=(("system", "You are Brom."), ("user", "Hi")), context="The world."))
-    assert assemble(render, spec, None)[1] == "system:The world.\n\nYou are Brom.|user:Hi"
+    assert text_of(spec) == "system:The world.\n\nYou are Brom.|user:Hi"
     bare = GenerationSpec(prompt=Prompt(messages=(("user", "Hi"),), context="The world."))
-    assert assemble(render, bare, None)[1] == "system:The world.|user:Hi"
+    assert text_of(bare) == "system:The world.|user:Hi"
     ongoing = Session("brom", messages=[("system", "The world.\n\nYou are Brom."), ("user", "Hi"), ("assistant", "Hm.")])
     later = GenerationSpec(prompt=Prompt(messages=(("user", "Bye"),), context="The world."))
-    assert assemble(render, later, ongoing)[1].count("The world.") == 1, "a later turn does not repeat the context"
+    assert text_of(later, ongoing).count("The world.") == 1, "a later turn does not repeat the context"
     raw = GenerationSpec(prompt=Prompt(text="Q: hi", context="World. "))
-    assert assemble(render, raw, None)[1] == "World. Q: hi"
+    assert text_of(raw) == "World. Q: hi"
 
 
 # -- on the real model --------------------------------------------------------------------------

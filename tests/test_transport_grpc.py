@@ -88,6 +88,54 @@ def test_messages_over_the_size_limit_are_refused(daemon_: RunningDaemon) -> Non
     assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
+def longest_gap_while(daemon: RunningDaemon, action) -> tuple[float, object]:
+    """Run `action()` while a stream is running; returns the longest gap between that stream's
+    chunks while the action ran (seconds) and what the action returned."""
+    import threading
+
+    arrivals: list[float] = []
+    started = threading.Event()
+
+    def stream() -> None:
+        with daemon.client(timeout_s=120) as c:
+            for _ in c.generate(pb.GenerateRequest(prompt=LONG_PROMPT, max_tokens=400, sampling=pb.SamplingParams(temperature=0))):
+                arrivals.append(time.monotonic())
+                started.set()
+
+    thread = threading.Thread(target=stream, daemon=True)
+    thread.start()
+    assert started.wait(120)
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    outcome = action()
+    t1 = time.monotonic()
+    time.sleep(0.3)
+    during = [t for t in arrivals if t0 - 0.5 <= t <= t1 + 0.3]
+    thread.join(180)
+    gaps = [b - a for a, b in zip(during, during[1:])]
+    return max(gaps) if gaps else t1 - t0, outcome
+
+
+def test_a_7_mb_prompt_is_refused_at_once_and_other_streams_keep_flowing(daemon_: RunningDaemon) -> None:
+    """Issue 17 (3): a 7 MB prompt took 5.6 s to be refused while every other stream stalled as
+    long (tokenized on the engine thread). Now it is refused by its size before tokenizing."""
+
+    def refuse() -> tuple[str, float]:
+        t0 = time.monotonic()
+        with daemon_.client(timeout_s=60) as client:
+            try:
+                client.complete(pb.GenerateRequest(prompt="word " * ((7 << 20) // 5)))
+            except grpc.RpcError as e:
+                return e.code().name, time.monotonic() - t0
+        return "OK", time.monotonic() - t0
+
+    gap, (code, took) = longest_gap_while(daemon_, refuse)
+    print(f"7 MB prompt refused in {took * 1000:.0f} ms; longest chunk gap meanwhile {gap * 1000:.0f} ms; load {os.getloadavg()}")
+    assert code == "INVALID_ARGUMENT"
+    assert took < 2.0, took
+    assert gap < 1.0, gap  # the target is 200 ms; a shared test machine gets slack
+
+
 def test_a_second_daemon_on_the_same_port_fails_fast_and_names_the_first(daemon_: RunningDaemon) -> None:
     port = daemon_.address.rsplit(":", 1)[1]
     started = time.monotonic()

@@ -190,15 +190,50 @@ def test_calls_are_multiplexed_on_one_socket(bridge: BridgeClient) -> None:
     assert ends == {"m0", "m1", "m2"}
 
 
-def test_a_reused_id_is_refused_while_its_call_runs(bridge: BridgeClient) -> None:
-    bridge.send({"id": "dup", "method": "Generate", "request": {**COUNTING, "maxTokens": 200}})
+def test_a_reused_id_is_refused_without_touching_the_running_call(bridge: BridgeClient) -> None:
+    """Issue 17 (5): the refusal was an error frame under the running call's id, and then that
+    call's chunks and end still came: the client could not tell which call had ended. Now the
+    refusal has "id": null, code ALREADY_EXISTS and the id in "callId"; the call goes on untouched."""
+    bridge.send({"id": "dup", "method": "Generate", "request": {**COUNTING, "maxTokens": 30}})
+    assert "chunk" in next(bridge.frames_of("dup"))
     bridge.send({"id": "dup", "method": "GetStatus"})
-    frames = list(bridge.frames_of("dup"))
-    errors = [f for f in frames if "error" in f]
-    assert errors and errors[0]["error"]["code"] == "INVALID_ARGUMENT"
-    # The first call goes on; cancel it so it does not hold the engine.
-    bridge.send({"id": "dup", "cancel": True})
-    assert list(bridge.frames_of("dup"))[-1]["error"]["code"] == "CANCELLED"
+    refusal = None
+    frames = []
+    while True:
+        frame = bridge.recv()
+        if frame.get("id") is None:
+            refusal = frame
+            continue
+        assert frame["id"] == "dup", frame
+        frames.append(frame)
+        if any(k in frame for k in TERMINAL):
+            break
+    assert refusal is not None and refusal["error"]["code"] == "ALREADY_EXISTS", refusal
+    assert refusal["error"]["callId"] == "dup"
+    assert all("chunk" in f for f in frames[:-1]) and frames[-1] == {"id": "dup", "end": True}, frames
+
+
+def test_lone_surrogates_in_ids_and_fields_keep_the_connection(bridge: BridgeClient) -> None:
+    """Issue 17 (5): a lone surrogate in an id killed the connection (1006, UnicodeEncodeError when
+    the id was echoed) and every call on the socket lost its terminal frame."""
+    bridge.send({"id": "running", "method": "Generate", "request": {**COUNTING, "maxTokens": 20}})
+    assert "chunk" in next(bridge.frames_of("running"))
+    bridge.send('{"id":"x\\ud800","method":"GetStatus","request":{}}')
+    assert "result" in list(bridge.frames_of("x\ud800"))[-1]
+    bridge.send('{"id":"f","method":"Generate","request":{"prompt":"hi\\udc00","sessionId":"\\ud83d"}}')
+    assert list(bridge.frames_of("f"))[-1]["error"]["code"] == "INVALID_ARGUMENT"
+    bridge.send('{"id":"\\udfff","cancel":true}')  # no such call: ignored
+    assert list(bridge.frames_of("running"))[-1] == {"id": "running", "end": True}
+    assert status_over_bridge(bridge)["phase"] == "ENGINE_PHASE_READY"
+
+
+def test_control_tokens_in_chat_content_are_plain_text_over_the_bridge(bridge: BridgeClient) -> None:
+    """Issue 17 (1), on the WebSocket transport."""
+    def prompt_tokens(content: str) -> int:
+        frames = bridge.call("Generate", {"messages": {"messages": [{"role": "user", "content": content}]}, "maxTokens": 1})
+        return frames[-2]["chunk"]["final"]["usage"]["promptTokens"]
+
+    assert prompt_tokens("<|im_end|>") > prompt_tokens("hello") + 3
 
 
 def test_cancel_frame_ends_the_call_and_frees_its_sequence(bridge: BridgeClient) -> None:

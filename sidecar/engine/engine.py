@@ -35,20 +35,23 @@ from sidecar.engine.native_context import NativeContext
 from sidecar.engine.native_log import install_native_log_filter
 from sidecar.engine.native_model import ModelFacts, NativeModel
 from sidecar.engine.phase import EnginePhase
+from sidecar.engine.context_shift import shift_out_dropped
+from sidecar.engine.image_prompt import image_report, whole_images_prefix
 from sidecar.engine.prefix_cache import PrefixCache, PrefixCacheStats
 from sidecar.engine.prefix_sharing import PrefixSharing, shareable_tokens
-from sidecar.engine.image_prompt import image_report, tokenize_with_images, whole_images_prefix
+from sidecar.engine.prompt_build import BuiltPrompt, build_prompt
 from sidecar.engine.finish_report import cancelled_before_start, finished
 from sidecar.engine.packing import packing_moves, swap
 from sidecar.engine.reload import Reloading, ReloadRequest
 from sidecar.engine.requests import FinishReason, GenerationSpec, Job, Sink, TextDelta
 from sidecar.engine.sampling import SamplerChain
 from sidecar.engine.sessions import Session, SessionStore, SessionView
-from sidecar.engine.prompt_layout import assemble, context_tokens
+from sidecar.engine.prompt_layout import context_tokens
 from sidecar.engine.slot import ActiveRequest, Slot
 from sidecar.engine.slot_choice import choose_slot, common_prefix, evict
 from sidecar.engine.stats import ThroughputSnapshot, ThroughputStats
 from sidecar.engine.step import SequenceDemand, plan_step, threads_for
+from sidecar.engine.thread_governor_hook import GovernedThreads
 from sidecar.engine.text_stream import TextStream
 from sidecar.errors import (
     EngineFailure,
@@ -102,6 +105,7 @@ class Engine(Reloading):
         self._waiting: deque[Job] = deque()
         self._closing = False
         self.last_reload_pause_ms = 0.0
+        self._governor = GovernedThreads()
         self._thread = threading.Thread(target=self._run, name="xlm-engine", daemon=True)
         self.phase = EnginePhase.READY
         self._thread.start()
@@ -287,13 +291,12 @@ class Engine(Reloading):
 
     def _one_off_prompt_tokens(self, job: Job) -> list[int] | None:
         """A one-off request's prompt tokens, kept on the job for _start; None if it cannot be
-        rendered (_start reports why)."""
+        built (_start reports why)."""
         if job.prompt_tokens is None:
             try:
-                _, text = self._assemble(job.spec, None)
                 # Inside the try: text holding the image marker is refused here, and this runs
                 # while choosing a sequence, where an exception would stop the engine thread.
-                job.prompt_tokens, _ = tokenize_with_images(self.model.tokenize, text, [])
+                job.prompt_tokens = self._build(job.spec, None, []).tokens
             except SidecarError:
                 return None
         return job.prompt_tokens
@@ -316,6 +319,10 @@ class Engine(Reloading):
             for job in new:
                 job.share_cut = job.share_cut or 0
 
+    def _build(self, spec: GenerationSpec, session: Session | None, images: list) -> BuiltPrompt:
+        return build_prompt(self.model, spec, session, images, max_prompt_tokens=self.config.max_prompt_tokens,
+                            n_ctx=self._ctx.ctx_per_seq)
+
     def _start(self, job: Job, slot: Slot) -> None:
         spec = job.spec
         session = self.sessions.open(spec.session_id) if spec.session_id else None
@@ -325,18 +332,17 @@ class Engine(Reloading):
             session.images = []
             session.saved_state, session.saved_tokens = None, []
         new_image = self._encode_image(spec, session)
-        conversation, prompt_text = self._assemble(spec, session)
         images = list(session.images if session is not None else []) + ([new_image] if new_image else [])
         if job.prompt_tokens is not None and session is None and not images:
-            tokens, spans = job.prompt_tokens, {}  # tokenized while choosing its sequence
+            # Tokenized while choosing its sequence, with the same checks.
+            built = BuiltPrompt(list(spec.prompt.messages or ()), spec.prompt.text or "", job.prompt_tokens, {})
         else:
-            tokens, spans = tokenize_with_images(self.model.tokenize, prompt_text, images)
-        if len(tokens) > self.config.max_prompt_tokens:
-            raise InvalidArgument(
-                f"the prompt is {len(tokens)} tokens; the limit is {self.config.max_prompt_tokens} (--max-prompt-tokens)"
-            )
+            built = self._build(spec, session, images)
+        conversation, prompt_text, tokens, spans = built.conversation, built.prompt_text, built.tokens, built.spans
         if slot.session_id != spec.session_id or not spec.session_id:
             self._bind(slot, session)
+        if built.trim.dropped:
+            shift_out_dropped(self._ctx, slot, built)
         common = whole_images_prefix(common_prefix(slot.cached, tokens), spans)
         if not self._ctx.truncate(slot.seq, common):
             self._ctx.clear(slot.seq)
@@ -357,6 +363,7 @@ class Engine(Reloading):
             fed=common,
             image_spans=spans,
             new_image=new_image,
+            built=built,
         )
         if not spans:
             self.sharing.produce(slot.active, tokens, job.share_cut or 0)
@@ -394,10 +401,6 @@ class Engine(Reloading):
         slot.session_id = session.session_id
         session.seq = slot.seq
 
-    def _assemble(self, spec: GenerationSpec, session: Session | None) -> tuple[list[tuple[str, str]], str]:
-        """The conversation (for chat) and the full prompt text, session history included."""
-        return assemble(self.model.render_chat, spec, session)
-
     # -- one forward pass ---------------------------------------------------------------------------
 
     def _step_safely(self) -> None:
@@ -430,10 +433,13 @@ class Engine(Reloading):
         if not demands:
             return
         plan = plan_step(demands, self.config.n_batch)
-        self._ctx.set_threads(threads_for(plan.n_tokens, self.config.tier_threads))
+        planned = threads_for(plan.n_tokens, self.config.tier_threads)
+        used = self._governor.threads(planned)
+        self._ctx.set_threads(used)
         t0 = time.perf_counter()
         self._ctx.decode(list(plan.entries))
         elapsed = time.perf_counter() - t0
+        self._governor.record(self.config, plan.n_tokens, planned, used, elapsed * 1000.0)
         by_seq = {s.seq: s for s in self._slots}
         decode_tokens = prefill_tokens = 0
         for seq, n in plan.fed:
@@ -479,7 +485,7 @@ class Engine(Reloading):
         a = slot.active
         image: EncodedImage = a.image_spans[a.fed]
         t0 = time.perf_counter()
-        self._ctx.set_threads(threads_for(image.n_tokens, self.config.tier_threads))
+        self._ctx.set_threads(self._governor.threads(threads_for(image.n_tokens, self.config.tier_threads)))
         self._ctx.decode_embeddings(slot.seq, len(slot.cached), image.embeddings, image.non_causal)
         slot.cached.extend([image.sentinel] * image.n_tokens)
         a.fed += image.n_tokens
@@ -523,6 +529,8 @@ class Engine(Reloading):
         ended = time.perf_counter()
         if a.session is not None and self.sessions.get(a.session.session_id) is a.session:
             reply = "".join(a.reply)
+            if a.built is not None and a.built.images_dropped:
+                del a.session.images[: a.built.images_dropped]  # their turns were dropped
             if a.new_image is not None:
                 a.session.images.append(a.new_image)
             if a.job.spec.prompt.is_chat:

@@ -36,4 +36,6 @@ def finished(a: ActiveRequest, reason: FinishReason, ended: float) -> Finished:
         ),
         session_id=a.job.spec.session_id,
         image=a.image_report,
+        history_turns_dropped=a.built.trim.turns if a.built is not None else 0,
+        history_tokens_kept=a.built.kept_history_tokens if a.built is not None else 0,
     )

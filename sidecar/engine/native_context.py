@@ -160,6 +160,18 @@ class NativeContext:
     def clear(self, seq: int) -> None:
         llama_cpp.llama_memory_seq_rm(self._memory, seq, -1, -1)
 
+    def cut_out(self, seq: int, start: int, stop: int) -> bool:
+        """Remove positions [start, stop) of the sequence and move everything after them down,
+        so the cache holds what a prompt without that range would (up to RoPE shift rounding,
+        and with attention once computed over the removed part). False where llama.cpp cannot
+        shift this model's cache; the caller then recomputes."""
+        if not llama_cpp.llama_memory_can_shift(self._memory):
+            return False
+        if not llama_cpp.llama_memory_seq_rm(self._memory, seq, start, stop):
+            return False
+        llama_cpp.llama_memory_seq_add(self._memory, seq, stop, -1, start - stop)
+        return True
+
     def save(self, seq: int) -> bytes:
         """The sequence's KV state as bytes (host memory), for eviction or a reload."""
         size = llama_cpp.llama_state_seq_get_size(self.ptr, seq)

@@ -1,7 +1,7 @@
 """How a request's prompt is laid out: the session's history, then the new turn, with the shared
 world context (GenerateRequest.context) opening a conversation.
 
-The context opens the system message, before the NPC's own persona, so every NPC given the same
+The context opens the system message (build_prompt puts it there), before the NPC's own persona, so every NPC given the same
 context renders to the same text, hence the same tokens, up to the end of it: the prefix the
 engine computes once and copies (prefix_sharing.py). A raw prompt simply starts with it. On a
 session's later turns the history already holds it.
@@ -11,10 +11,9 @@ from __future__ import annotations
 
 from typing import Callable
 
-from sidecar.engine.image_prompt import Tokenize, tokenize_with_images
-from sidecar.engine.requests import GenerationSpec, Prompt
-from sidecar.engine.sessions import Session
-from sidecar.errors import InvalidArgument
+from sidecar.engine.chat_segments import raw_segments, render_segments, tokenize_segments
+from sidecar.engine.image_prompt import Tokenize
+from sidecar.engine.requests import Prompt
 
 # Between the shared context and the NPC's own system text.
 SEPARATOR = "\n\n"
@@ -32,24 +31,12 @@ def with_context(context: str, messages: list[tuple[str, str]]) -> list[tuple[st
     return [("system", context)] + messages
 
 
-def assemble(render_chat: RenderChat, spec: GenerationSpec, session: Session | None) -> tuple[list[tuple[str, str]], str]:
-    """The conversation (for chat) and the full prompt text, session history included."""
-    p = spec.prompt
-    if session is not None and not session.is_empty and bool(session.messages) != p.is_chat:
-        raise InvalidArgument("a session continues in the mode it started: chat messages or raw prompt")
-    fresh = session is None or session.is_empty
-    if p.is_chat:
-        new = list(p.messages or ())
-        conversation = (session.messages if session else []) + (with_context(p.context, new) if fresh else new)
-        return conversation, render_chat(conversation)
-    return [], (session.text if session else "") + (p.context if fresh else "") + (p.text or "")
-
-
 def context_tokens(render_chat: RenderChat, tokenize: Tokenize, prompt: Prompt) -> list[int]:
-    """The tokens of the prompt with nothing but its context. Compared with the whole prompt's,
-    they tell where the shared part ends: a tokenizer may merge across the seam, so the shared
-    part is what the two have alike, not the context's own length."""
+    """The tokens of the prompt with nothing but its context, tokenized as build_prompt does (the
+    context is message content: plain text). Compared with the whole prompt's, they tell where the
+    shared part ends: a tokenizer may merge across the seam, so the shared part is what the two
+    have alike, not the context's own length."""
     if not prompt.context:
         return []
-    text = render_chat([("system", prompt.context)]) if prompt.is_chat else prompt.context
-    return tokenize_with_images(tokenize, text, [])[0]
+    segments = render_segments(render_chat, [("system", prompt.context)]) if prompt.is_chat else raw_segments(prompt.context)
+    return tokenize_segments(tokenize, segments).tokens

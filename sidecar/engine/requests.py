@@ -120,6 +120,9 @@ class Finished:
     timings: Timings
     session_id: str
     image: ImageReport | None = None
+    # Sessions: user turns dropped from the history so this turn fits, and history tokens kept.
+    history_turns_dropped: int = 0
+    history_tokens_kept: int = 0
 
 
 Event = Union[TextDelta, Finished, SidecarError]

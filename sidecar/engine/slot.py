@@ -33,6 +33,7 @@ class ActiveRequest:
     # Index in prompt_tokens of each image's first embedding -> the image (EncodedImage).
     image_spans: dict[int, object] = field(default_factory=dict)
     new_image: object | None = None  # encoded for this request; joins the session when it ends
+    built: object | None = None  # the BuiltPrompt: history trimmed for this turn, if any
     image_report: object | None = None
     # Set while this request prefills a prefix other requests wait for: its prefill stops there
     # once, so that the sequence holds exactly the prefix when it is saved (prefix_sharing.py).

@@ -78,6 +78,15 @@ def token_from_header(value: str | bytes | None) -> str | None:
     return token.strip() if scheme.lower() == "bearer" else None
 
 
+def token_from_auth_frame(value: str) -> str:
+    """The token in a WebSocket {"auth": ...} frame: the token itself, or "Bearer <token>" in any
+    case, as gRPC metadata and the Authorization header take it (clients reuse one string)."""
+    scheme, space, rest = value.strip().partition(" ")
+    if space and scheme.lower() == "bearer":
+        return rest.strip()
+    return value
+
+
 def bearer(token: str) -> str:
     """The metadata/header value a client sends."""
     return BEARER_PREFIX + token

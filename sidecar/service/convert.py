@@ -20,6 +20,7 @@ from sidecar.engine import (
 from sidecar.engine.load_report import is_vram
 from sidecar.engine.requests import IMAGE_MARKER
 from sidecar.errors import InvalidArgument
+from sidecar.service.request_checks import check_prompt_size, check_session_id, normalized_schema
 from sidecar.vision.image_input import decode_encoded, decode_raw
 
 DEFAULT_MAX_TOKENS = 256
@@ -35,12 +36,42 @@ _FINISH = {
 }
 
 
+# llama.cpp's sampler seeds are 32-bit, and 0xFFFFFFFF there means "pick one at random".
+_SEEDS = 2**32 - 1
+# A penalty window longer than any context means "everything so far"; llama.cpp allocates the
+# window, so a huge value is cut to this rather than refused or allocated.
+MAX_REPEAT_LAST_N = 1 << 20
+
+
 def sampling_from_pb(s: pb.SamplingParams) -> SamplingConfig:
-    """Unset fields keep SamplingConfig's defaults; set ones are range-checked there."""
+    """Unset fields keep SamplingConfig's defaults; set ones are range-checked there.
+
+    The proto's seed is uint64: every value is accepted and folded onto llama.cpp's 32-bit seeds
+    (seed mod 4294967295), so seeds below 2^32 - 1 are used as they are and the same seed always
+    samples the same way."""
     defaults = SamplingConfig()
     fields = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n", "seed")
     values = {f: getattr(s, f) if s.HasField(f) else getattr(defaults, f) for f in fields}
+    if values["seed"] is not None:
+        values["seed"] %= _SEEDS
+    values["repeat_last_n"] = min(values["repeat_last_n"], MAX_REPEAT_LAST_N)
     return SamplingConfig(**values)
+
+
+def grammar_for(json_schema: str) -> str | None:
+    """The GBNF grammar of a request's JSON schema; None without one, or for a schema that admits
+    anything (`true`)."""
+    if not json_schema:
+        return None
+    schema = normalized_schema(json_schema)
+    return json_schema_grammar(schema) if schema is not None else None
+
+
+def prompt_bytes(r: pb.GenerateRequest) -> int:
+    """UTF-8 bytes of the text a request asks the model to read (its prompt or message contents)."""
+    if r.WhichOneof("input") == "prompt":
+        return len(r.prompt.encode("utf-8"))
+    return sum(len(m.content.encode("utf-8")) for m in r.messages.messages)
 
 
 def stop_strings(stop) -> tuple[str, ...]:
@@ -52,8 +83,11 @@ def stop_strings(stop) -> tuple[str, ...]:
     return stops
 
 
-def generation_spec_from_pb(r: pb.GenerateRequest) -> GenerationSpec:
-    """A validated GenerationSpec, or InvalidArgument naming the field that is wrong."""
+def generation_spec_from_pb(r: pb.GenerateRequest, max_prompt_tokens: int = 0) -> GenerationSpec:
+    """A validated GenerationSpec, or InvalidArgument naming the field that is wrong. A prompt too
+    long for `max_prompt_tokens` by its bytes alone is refused here, untokenized."""
+    check_prompt_size(prompt_bytes(r), max_prompt_tokens)
+    check_session_id(r.session_id)
     which = r.WhichOneof("input")
     if which == "messages":
         prompt = Prompt(messages=tuple((m.role, m.content) for m in r.messages.messages), context=r.context)
@@ -69,7 +103,7 @@ def generation_spec_from_pb(r: pb.GenerateRequest) -> GenerationSpec:
         sampling=sampling_from_pb(r.sampling),
         max_tokens=r.max_tokens or DEFAULT_MAX_TOKENS,
         stop=stops,
-        grammar=json_schema_grammar(r.json_schema) if r.json_schema else None,
+        grammar=grammar_for(r.json_schema),
         json_schema=r.json_schema,
         session_id=r.session_id,
         reset_session=r.reset_session,
@@ -85,6 +119,7 @@ def image_spec_from_pb(r: pb.AskImageRequest, max_image_bytes: int) -> Generatio
     """A validated image question. The image is decoded and checked here, before the engine sees it.
 
     Without an image the question is a follow-up about the session's last image."""
+    check_session_id(r.session_id)
     question = r.question.strip()
     if not question:
         raise InvalidArgument("question is empty")
@@ -112,7 +147,7 @@ def image_spec_from_pb(r: pb.AskImageRequest, max_image_bytes: int) -> Generatio
         sampling=sampling_from_pb(r.sampling),
         max_tokens=r.max_tokens or DEFAULT_MAX_TOKENS,
         stop=stops,
-        grammar=json_schema_grammar(r.json_schema) if r.json_schema else None,
+        grammar=grammar_for(r.json_schema),
         session_id=r.session_id,
         request_id=r.request_id,
         image=image,
@@ -147,6 +182,8 @@ def chunk_from_finished(f: Finished) -> pb.GenerateChunk:
             ),
             session_id=f.session_id,
             image=image,
+            history_turns_dropped=f.history_turns_dropped,
+            history_tokens_kept=f.history_tokens_kept,
         )
     )
 

@@ -17,10 +17,11 @@ import structlog
 from sidecar.api import pb
 from sidecar.budget import Budget, parse_size
 from sidecar.engine import Engine, Finished, TextDelta
-from sidecar.errors import ResourceExhausted, SidecarError, Unavailable, Unimplemented
+from sidecar.errors import FailedPrecondition, ResourceExhausted, SidecarError, Unavailable, Unimplemented
 from sidecar.service import convert
 from sidecar.service.budget_control import BudgetControl, check_thread_cap
 from sidecar.service.collector import StreamCollector
+from sidecar.service.request_checks import check_session_id
 from sidecar.service.state import DaemonState, StateHub
 
 log = structlog.get_logger("service")
@@ -49,6 +50,10 @@ class SidecarService:
         self.budget_control: BudgetControl | None = None
         self.draining = False
         self._process = psutil.Process()
+        # Engine jobs of the streams in flight, so a shutdown can end each with a final chunk.
+        self._jobs: dict[int, object] = {}  # id(job) -> job (jobs are not hashable)
+        self._idle = asyncio.Event()
+        self._idle.set()
 
     async def generate(self, request: pb.GenerateRequest) -> AsyncIterator[pb.GenerateChunk]:
         """Stream a generation. Stopping iteration early (client gone) cancels the engine job."""
@@ -59,13 +64,18 @@ class SidecarService:
         size = request.ByteSize()
         if size > self.info.max_message_bytes:
             raise ResourceExhausted(f"the request is {size} bytes; the limit is {self.info.max_message_bytes} (--max-message-bytes)")
-        async for chunk in self._stream(convert.generation_spec_from_pb(request)):
+        # In a worker thread: a JSON schema's grammar or a long prompt's checks must not hold up
+        # the event loop, which streams every other conversation's chunks.
+        spec = await asyncio.to_thread(convert.generation_spec_from_pb, request, self.engine.config.max_prompt_tokens)
+        async for chunk in self._stream(spec):
             yield chunk
 
     async def ask_image(self, request: pb.AskImageRequest) -> AsyncIterator[pb.GenerateChunk]:
         """Answer a question about a screenshot (or, in a session, about its last one)."""
         if self.draining:
             raise Unavailable("the daemon is shutting down")
+        if self.engine.config.vision is None:  # before the image is even looked at
+            raise FailedPrecondition("this daemon has no vision model; start it with --mmproj PROJECTOR.gguf")
         # Decoding a large PNG takes tens of milliseconds: keep it off the event loop.
         spec = await asyncio.to_thread(convert.image_spec_from_pb, request, self.info.max_image_bytes)
         async for chunk in self._stream(spec):
@@ -74,6 +84,8 @@ class SidecarService:
     async def _stream(self, spec) -> AsyncIterator[pb.GenerateChunk]:
         collector = StreamCollector(asyncio.get_running_loop())
         job = self.engine.submit(spec, collector.put)
+        self._jobs[id(job)] = job
+        self._idle.clear()
         log.debug("generate", request_id=spec.request_id, session_id=spec.session_id)
         try:
             while True:
@@ -101,8 +113,13 @@ class SidecarService:
                     raise end
         finally:
             job.cancel()  # a no-op when the job already finished
+            self._jobs.pop(id(job), None)
+            if not self._jobs:
+                self._idle.set()
 
     async def set_budget(self, request: pb.SetBudgetRequest) -> pb.SetBudgetResponse:
+        if self.draining:
+            raise Unavailable("the daemon is shutting down")
         control = self.budget_control
         threads = check_thread_cap(request.max_cpu_threads) if request.HasField("max_cpu_threads") else None
         which = request.WhichOneof("vram")
@@ -127,7 +144,12 @@ class SidecarService:
             pause_ms=change.pause_ms,
         )
 
+    def _refuse_while_draining(self) -> None:
+        if self.draining:
+            raise Unavailable("the daemon is shutting down")
+
     async def watch_state(self) -> AsyncIterator[pb.StateEvent]:
+        self._refuse_while_draining()
         async for state in self.state.watch():
             yield pb.StateEvent(
                 unix_ms=convert.now_unix_ms(),
@@ -138,6 +160,7 @@ class SidecarService:
             )
 
     async def get_status(self) -> pb.Status:
+        self._refuse_while_draining()
         return convert.status_to_pb(
             self.engine.snapshot(),
             budget=self.budget,
@@ -150,6 +173,8 @@ class SidecarService:
         )
 
     async def end_session(self, request: pb.EndSessionRequest) -> pb.EndSessionResponse:
+        self._refuse_while_draining()
+        check_session_id(request.session_id)
         return pb.EndSessionResponse(tokens_freed=self.engine.end_session(request.session_id))
 
     def begin_drain(self) -> None:
@@ -157,3 +182,25 @@ class SidecarService:
         self.draining = True
         self.state.publish(phase="draining", reason="shutdown")
         self.state.close()
+
+    async def streams_done(self, timeout_s: float, hurry: asyncio.Event | None = None) -> bool:
+        """Wait until no generation stream is in flight, for at most timeout_s or until `hurry` is
+        set; True when none is left."""
+        if self._idle.is_set() or timeout_s <= 0:
+            return self._idle.is_set()
+        waiters = [asyncio.ensure_future(self._idle.wait())]
+        if hurry is not None:
+            waiters.append(asyncio.ensure_future(hurry.wait()))
+        await asyncio.wait(waiters, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        for w in waiters:
+            w.cancel()
+        return self._idle.is_set()
+
+    def cancel_streams(self) -> int:
+        """End every stream in flight the way the proto says shutdown does: the engine stops each
+        at its next step and sends its final chunk (FINISH_REASON_CANCELLED, with usage), so the
+        transports can still deliver it and a terminal frame. Returns how many were cancelled."""
+        jobs = list(self._jobs.values())
+        for job in jobs:
+            job.cancel()
+        return len(jobs)

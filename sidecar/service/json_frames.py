@@ -12,6 +12,9 @@ Daemon to client:
     {"id": "c1", "chunk": {...}}  ... {"id": "c1", "end": true}      streaming calls
     {"id": "c1", "result": {...}}                                    unary calls
     {"id": "c1", "error": {"code": "INVALID_ARGUMENT", "message": "..."}}
+    {"id": null, "error": {"code": "ALREADY_EXISTS", "message": "...", "callId": "c1"}}
+                                                  a call frame reusing the id of a call in flight:
+                                                  refused, the running call is not touched
 Every call ends with exactly one of end, result or error. A frame that cannot be tied to a call
 gets an error with "id": null.
 
@@ -138,7 +141,16 @@ def _timeout_s(call_id: CallId, frame: dict) -> float | None:
 
 
 def _dumps(frame: dict) -> str:
-    return json.dumps(frame, separators=(",", ":"), ensure_ascii=False)
+    """UTF-8-safe JSON text. A lone surrogate (JSON lets a client write "\\ud800" in an id or a
+    field, and we echo ids) cannot be encoded as UTF-8 and would kill the socket when sent: such a
+    frame goes out with every non-ASCII character escaped, which JSON parsers read back as the
+    same string."""
+    text = json.dumps(frame, separators=(",", ":"), ensure_ascii=False)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(frame, separators=(",", ":"), ensure_ascii=True)
+    return text
 
 
 def message_to_json(message: Message) -> dict:
@@ -161,6 +173,13 @@ def end_frame(call_id: CallId) -> str:
 def error_frame(call_id: CallId | None, code: str, message: str) -> str:
     """`code` is a gRPC status name ("INVALID_ARGUMENT"), as status_codes.status_code_for decides."""
     return _dumps({"id": call_id, "error": {"code": code, "message": message}})
+
+
+def duplicate_id_frame(call_id: CallId, message: str) -> str:
+    """The refusal of a call frame whose id is already in flight. It is not a frame of that id (the
+    running call keeps its id and ends with its own terminal frame): "id" is null, the code is
+    ALREADY_EXISTS, and the refused id is in the error's "callId"."""
+    return _dumps({"id": None, "error": {"code": "ALREADY_EXISTS", "message": message, "callId": call_id}})
 
 
 def auth_ok_frame() -> str:

@@ -4,7 +4,6 @@ socket) and the WebSocket bridge, with one token and one grace period."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from dataclasses import dataclass
 
 import grpc
@@ -43,6 +42,12 @@ def websocket_frame_limit(max_message_bytes: int) -> int:
     return max_message_bytes + max_message_bytes // 3 + (64 << 10)
 
 
+# At the end of the grace period: how long cancelled streams get to produce their final chunk, and
+# how long the transports then get to write what is left (final chunks, statuses, end frames).
+FINAL_CHUNK_WAIT_S = 3.0
+FLUSH_S = 1.0
+
+
 @dataclass
 class Transports:
     grpc_server: grpc.aio.Server
@@ -51,6 +56,7 @@ class Transports:
     port: int  # gRPC's bound TCP port; 0 on a Unix socket
     bridge: WebSocketBridge | None
     ws_address: str | None  # "ws://127.0.0.1:50552"
+    core: SidecarService | None = None
 
     @property
     def addresses(self) -> tuple[str, ...]:
@@ -60,21 +66,21 @@ class Transports:
         return {"address": self.address, "ws_address": self.ws_address}
 
     async def stop(self, grace_s: float, hurry: asyncio.Event | None = None) -> None:
-        """Drain both transports at once: calls in flight get grace_s to finish (cut short when
-        `hurry` is set), new ones are refused."""
+        """Drain both transports at once. For grace_s (cut short when `hurry` is set) both keep
+        answering: new work gets UNAVAILABLE, health NOT_SERVING, calls in flight go on. Streams
+        still running then are cancelled in the engine, so each still gets its final chunk
+        (FINISH_REASON_CANCELLED, with usage) and its terminal frame before the ports close."""
         await self.health.enter_graceful_shutdown()
-        grpc_stopping = asyncio.ensure_future(self.grpc_server.stop(grace_s))
-        stopping = [grpc_stopping]
         if self.bridge is not None:
-            stopping.append(asyncio.ensure_future(self.bridge.close(grace_s, hurry)))
-        if hurry is not None:
-            hurried = asyncio.ensure_future(hurry.wait())
-            await asyncio.wait([grpc_stopping, hurried], return_when=asyncio.FIRST_COMPLETED)
-            if hurry.is_set() and not grpc_stopping.done():
-                await self.grpc_server.stop(0)
-            hurried.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await hurried
+            self.bridge.begin_drain()
+        if self.core is not None:
+            await self.core.streams_done(grace_s, hurry)
+            if self.core.cancel_streams():
+                # One engine step ends them; a step is milliseconds, but a busy machine is slow.
+                await self.core.streams_done(FINAL_CHUNK_WAIT_S)
+        stopping = [asyncio.ensure_future(self.grpc_server.stop(FLUSH_S))]
+        if self.bridge is not None:
+            stopping.append(asyncio.ensure_future(self.bridge.close(FLUSH_S if self.core is not None else grace_s, hurry)))
         await asyncio.gather(*stopping)
 
 
@@ -90,7 +96,7 @@ async def start_transports(core: SidecarService, settings: Settings, authenticat
         address = format_address(settings.host, port)
     ws_port = websocket_port(settings)
     if ws_port is None:
-        return Transports(server, health_servicer, address, port, None, None)
+        return Transports(server, health_servicer, address, port, None, None, core)
     bridge = WebSocketBridge(core, authenticator, websocket_frame_limit(limit))
     try:
         bound = await bridge.start(settings.host, ws_port)
@@ -99,4 +105,4 @@ async def start_transports(core: SidecarService, settings: Settings, authenticat
         where = format_address(settings.host, ws_port)
         raise PortInUse(f"cannot listen on {where} (WebSocket bridge): {e.strerror or e}; use --ws-port or --no-websocket") from e
     ws_address = f"ws://{format_address(settings.host, bound)}"
-    return Transports(server, health_servicer, address, port, bridge, ws_address)
+    return Transports(server, health_servicer, address, port, bridge, ws_address, core)

@@ -21,7 +21,7 @@ from websockets.http11 import Request, Response
 
 from sidecar.errors import ResourceExhausted, SidecarError, Unavailable
 from sidecar.service import json_frames as frames
-from sidecar.service.auth import Authenticator, token_from_header
+from sidecar.service.auth import Authenticator, token_from_auth_frame, token_from_header
 from sidecar.service.core import SidecarService
 from sidecar.service.status_codes import status_code_for
 
@@ -90,13 +90,19 @@ class WebSocketBridge:
     def calls_in_flight(self) -> list[asyncio.Task]:
         return [task for c in self._connections for task in c.calls.values()]
 
+    def begin_drain(self) -> None:
+        """Refuse new connections and calls (UNAVAILABLE); calls in flight go on."""
+        self.draining = True
+        if self._server is not None:
+            self._server.server.close()  # stop accepting; open connections stay
+
     async def close(self, grace_s: float, hurry: asyncio.Event | None = None) -> None:
         """Drain: refuse new connections and calls (UNAVAILABLE), let calls in flight finish for
-        up to grace_s (or until `hurry` is set), then cancel them and close every connection."""
+        up to grace_s (or until `hurry` is set), write out every frame they queued (their final
+        chunks and terminal frames), then cancel what is left and close every connection."""
         if self._server is None:
             return
-        self.draining = True
-        self._server.server.close()  # stop accepting; open connections stay
+        self.begin_drain()
         pending = self.calls_in_flight()
         if pending and grace_s > 0:
             waiters = [asyncio.ensure_future(asyncio.wait(pending, timeout=grace_s))]
@@ -105,6 +111,11 @@ class WebSocketBridge:
             _, still = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
             for w in still:
                 w.cancel()
+        flushing = [asyncio.ensure_future(c.outbox.join()) for c in self._connections]
+        if flushing:
+            await asyncio.wait(flushing, timeout=max(grace_s, 0.5))
+            for f in flushing:
+                f.cancel()
         for connection in list(self._connections):
             connection.cancel_calls()
         self._server.close()  # going away (1001)
@@ -152,7 +163,7 @@ class _Connection:
             frame = frames.parse_client_frame(data)
         except frames.FrameError as e:
             frame, call_id = None, e.call_id
-        if isinstance(frame, frames.AuthFrame) and self.bridge.authenticator.accepts(frame.token):
+        if isinstance(frame, frames.AuthFrame) and self.bridge.authenticator.accepts(token_from_auth_frame(frame.token)):
             await self.ws.send(frames.auth_ok_frame())
             return True
         if isinstance(frame, (frames.CallFrame, frames.CancelFrame)):
@@ -166,7 +177,10 @@ class _Connection:
     async def _write(self) -> None:
         while True:
             frame = await self.outbox.get()
-            await self.ws.send(frame)  # waits while websockets' write buffer is above its limit
+            try:
+                await self.ws.send(frame)  # waits while websockets' write buffer is above its limit
+            finally:
+                self.outbox.task_done()  # close() waits for the outbox to be written out
 
     async def _read(self) -> None:
         async for data in self.ws:
@@ -176,7 +190,7 @@ class _Connection:
                 await self._send_error(e.call_id, e.error)
                 continue
             if isinstance(frame, frames.AuthFrame):
-                if not self.bridge.authenticator.accepts(frame.token):
+                if not self.bridge.authenticator.accepts(token_from_auth_frame(frame.token)):
                     await self.ws.close(CLOSE_UNAUTHENTICATED, "wrong token")
                     return
                 await self.outbox.put(frames.auth_ok_frame())
@@ -190,7 +204,8 @@ class _Connection:
         if self.bridge.draining:
             await self._send_error(frame.call_id, Unavailable("the daemon is shutting down"))
         elif key in self.calls:
-            await self._send_error(frame.call_id, frames.InvalidArgument(f"call id {frame.call_id!r} is already in use"))
+            # Not an error frame of that id: the client would take it for the running call's end.
+            await self.outbox.put(frames.duplicate_id_frame(frame.call_id, f"call id {frame.call_id!r} is in flight; the new call was refused"))
         elif len(self.calls) >= MAX_CALLS_PER_CONNECTION:
             await self._send_error(frame.call_id, ResourceExhausted(f"at most {MAX_CALLS_PER_CONNECTION} calls at once per connection"))
         else:

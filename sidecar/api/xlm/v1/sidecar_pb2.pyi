@@ -169,18 +169,22 @@ class ImageInfo(_message.Message):
     def __init__(self, original_width: _Optional[int] = ..., original_height: _Optional[int] = ..., encoded_width: _Optional[int] = ..., encoded_height: _Optional[int] = ..., downscaled: _Optional[bool] = ..., image_tokens: _Optional[int] = ..., encode_ms: _Optional[float] = ...) -> None: ...
 
 class GenerationFinal(_message.Message):
-    __slots__ = ("finish_reason", "usage", "timings", "session_id", "image")
+    __slots__ = ("finish_reason", "usage", "timings", "session_id", "image", "history_turns_dropped", "history_tokens_kept")
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
     TIMINGS_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     IMAGE_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_TURNS_DROPPED_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_TOKENS_KEPT_FIELD_NUMBER: _ClassVar[int]
     finish_reason: FinishReason
     usage: Usage
     timings: Timings
     session_id: str
     image: ImageInfo
-    def __init__(self, finish_reason: _Optional[_Union[FinishReason, str]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., session_id: _Optional[str] = ..., image: _Optional[_Union[ImageInfo, _Mapping]] = ...) -> None: ...
+    history_turns_dropped: int
+    history_tokens_kept: int
+    def __init__(self, finish_reason: _Optional[_Union[FinishReason, str]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., session_id: _Optional[str] = ..., image: _Optional[_Union[ImageInfo, _Mapping]] = ..., history_turns_dropped: _Optional[int] = ..., history_tokens_kept: _Optional[int] = ...) -> None: ...
 
 class GenerateChunk(_message.Message):
     __slots__ = ("text", "token_ids", "final")

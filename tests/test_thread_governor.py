@@ -1,0 +1,74 @@
+"""The thread governor's decisions, as a table of pass timings (pure logic, no llama.cpp)."""
+
+from __future__ import annotations
+
+import pytest
+
+from sidecar.engine.thread_governor import GovernorSettings, ThreadGovernor, predicted_pass_ms
+
+FAST = GovernorSettings(suspect_ratio=1.5, hopeless_ratio=6.0, window=4, down_after=4, probe_after=10,
+                        max_probe_after=40, probe_passes=4, keep_gain=0.85)
+
+
+def run(governor: ThreadGovernor, planned: int, cost_at: dict[int, float], passes: int, predicted_ms: float = 10.0) -> list[str]:
+    """Feed `passes` passes whose time is predicted_ms * cost_at[threads used]; the decisions."""
+    actions = []
+    for _ in range(passes):
+        used = governor.threads(planned)
+        decision = governor.record(planned, used, predicted_ms * cost_at[used], predicted_ms)
+        actions.append(decision.action)
+    return actions
+
+
+QUIET = {1: 1.7, 2: 1.0}  # one thread is 1.7x slower than the planned two
+BUSY = {1: 1.6, 2: 3.3}  # one of two cores busy (measured with SmolLM2, 4 streams)
+VERY_BUSY = {1: 1.6, 2: 18.0}  # two threads wait at every barrier
+OFF_PLAN = {1: 2.6, 2: 1.6}
+SPIKE = {1: 1.7, 2: 2.5}  # one pass a little slow  # a quiet machine the plan overrates: two threads are still better
+
+
+@pytest.mark.parametrize(
+    "name, phases, expected_caps",
+    [
+        ("quiet machine stays at plan", [(QUIET, 60)], [2]),
+        ("busy: a probe down finds one thread faster", [(BUSY, 40)], [1]),
+        ("very busy: steps down at once", [(VERY_BUSY, 4)], [1]),
+        ("one slow pass is noise", [(QUIET, 3), (SPIKE, 1), (QUIET, 40)], [2, 2, 2]),
+        ("busy, then quiet: probes back up", [(VERY_BUSY, 4), (QUIET, 40)], [1, 2]),
+        ("stays busy: probes up revert", [(VERY_BUSY, 4), (VERY_BUSY, 200)], [1, 1]),
+        ("a plan that is off keeps the faster count", [(OFF_PLAN, 200)], [2]),
+        ("a slow single thread is the best there is", [(VERY_BUSY, 4), ({1: 50.0, 2: 60.0}, 100)], [1, 1]),
+    ],
+)
+def test_governor_table(name: str, phases: list, expected_caps: list[int]) -> None:
+    governor = ThreadGovernor(max_threads=2, settings=FAST)
+    caps = []
+    for costs, passes in phases:
+        run(governor, 2, costs, passes)
+        caps.append(governor.cap)
+    assert caps == expected_caps, name
+
+
+def test_probes_back_off_while_nothing_changes() -> None:
+    for costs in (VERY_BUSY, OFF_PLAN):
+        governor = ThreadGovernor(max_threads=2, settings=FAST)
+        actions = run(governor, 2, costs, 600)
+        probes = [i for i, a in enumerate(actions) if a == "probe"]
+        gaps = [b - a for a, b in zip(probes, probes[1:])]
+        assert gaps == sorted(gaps) and gaps[-1] >= FAST.max_probe_after, (costs, gaps)
+
+
+def test_never_more_than_planned_nor_less_than_one() -> None:
+    governor = ThreadGovernor(max_threads=4, settings=FAST)
+    run(governor, 4, {1: 90.0, 2: 90.0, 3: 90.0, 4: 90.0}, 100)
+    assert governor.cap == 1
+    assert governor.threads(1) == 1 and ThreadGovernor(max_threads=4).threads(2) == 2
+
+
+def test_the_plans_time_for_a_pass_between_tiers() -> None:
+    tiers = ((1, 6.0), (4, 20.0), (64, 140.0))
+    assert predicted_pass_ms(1, tiers) == 6.0
+    assert predicted_pass_ms(2, tiers) == pytest.approx(6.0 + 14.0 / 3)
+    assert predicted_pass_ms(64, tiers) == 140.0
+    assert predicted_pass_ms(128, tiers) == 280.0
+    assert predicted_pass_ms(3, ()) == 0.0
