@@ -38,7 +38,8 @@ _FINISH = {
 def sampling_from_pb(s: pb.SamplingParams) -> SamplingConfig:
     """Unset fields keep SamplingConfig's defaults; set ones are range-checked there."""
     defaults = SamplingConfig()
-    fields = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n", "seed")
+    fields = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n", "seed",
+              "frequency_penalty", "presence_penalty")
     values = {f: getattr(s, f) if s.HasField(f) else getattr(defaults, f) for f in fields}
     return SamplingConfig(**values)
 

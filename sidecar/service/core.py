@@ -16,7 +16,7 @@ import structlog
 
 from sidecar.api import pb
 from sidecar.budget import Budget, parse_size
-from sidecar.engine import Engine, Finished, TextDelta
+from sidecar.engine import Engine, Finished, GenerationSpec, TextDelta
 from sidecar.errors import ResourceExhausted, SidecarError, Unavailable, Unimplemented
 from sidecar.service import convert
 from sidecar.service.budget_control import BudgetControl, check_thread_cap
@@ -68,6 +68,14 @@ class SidecarService:
             raise Unavailable("the daemon is shutting down")
         # Decoding a large PNG takes tens of milliseconds: keep it off the event loop.
         spec = await asyncio.to_thread(convert.image_spec_from_pb, request, self.info.max_image_bytes)
+        async for chunk in self._stream(spec):
+            yield chunk
+
+    async def generate_spec(self, spec: GenerationSpec) -> AsyncIterator[pb.GenerateChunk]:
+        """The same stream as generate, for an edge whose request has no xlm.v1 message (the
+        OpenAI API's chat turn with an image) and was validated with convert's helpers."""
+        if self.draining:
+            raise Unavailable("the daemon is shutting down")
         async for chunk in self._stream(spec):
             yield chunk
 

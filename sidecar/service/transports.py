@@ -13,6 +13,7 @@ from grpc_health.v1 import health
 from sidecar.service.auth import Authenticator
 from sidecar.service.core import SidecarService
 from sidecar.service.grpc_server import PortInUse, start_grpc_server
+from sidecar.service.openai_http import OpenAIHttpServer
 from sidecar.service.websocket_bridge import WebSocketBridge
 from sidecar.settings import Settings, format_address
 
@@ -51,13 +52,15 @@ class Transports:
     port: int  # gRPC's bound TCP port; 0 on a Unix socket
     bridge: WebSocketBridge | None
     ws_address: str | None  # "ws://127.0.0.1:50552"
+    http: OpenAIHttpServer | None = None
+    http_address: str | None = None  # "http://127.0.0.1:50553" (the OpenAI API's base is <it>/v1)
 
     @property
     def addresses(self) -> tuple[str, ...]:
-        return (self.address,) + ((self.ws_address,) if self.ws_address else ())
+        return (self.address,) + tuple(a for a in (self.ws_address, self.http_address) if a)
 
     def log_fields(self) -> dict[str, object]:
-        return {"address": self.address, "ws_address": self.ws_address}
+        return {"address": self.address, "ws_address": self.ws_address, "http_address": self.http_address}
 
     async def stop(self, grace_s: float, hurry: asyncio.Event | None = None) -> None:
         """Drain both transports at once: calls in flight get grace_s to finish (cut short when
@@ -67,6 +70,8 @@ class Transports:
         stopping = [grpc_stopping]
         if self.bridge is not None:
             stopping.append(asyncio.ensure_future(self.bridge.close(grace_s, hurry)))
+        if self.http is not None:
+            stopping.append(asyncio.ensure_future(self.http.close(grace_s, hurry)))
         if hurry is not None:
             hurried = asyncio.ensure_future(hurry.wait())
             await asyncio.wait([grpc_stopping, hurried], return_when=asyncio.FIRST_COMPLETED)
