@@ -6,6 +6,7 @@ document cannot drift from what the server checks.
 
 from __future__ import annotations
 
+import copy
 import functools
 
 from pydantic.json_schema import models_json_schema
@@ -37,6 +38,17 @@ _SESSION_HEADER = {
 }
 
 
+# One server-sent event: its data is a chunk object as JSON text, the last one "[DONE]".
+_SSE_EVENT = {
+    "type": "object",
+    "required": ["data"],
+    "properties": {
+        "event": {"type": "string"},
+        "data": {"type": "string", "description": "chat.completion.chunk or text_completion JSON, or [DONE]"},
+    },
+}
+
+
 def _generation(request: str, reply: str, summary: str) -> dict:
     return {"post": {
         "summary": summary,
@@ -45,14 +57,28 @@ def _generation(request: str, reply: str, summary: str) -> dict:
         "requestBody": {"required": True, "content": _json(request)},
         "responses": {
             "200": {"description": "the reply, or with stream: true server-sent events ending in data: [DONE]",
-                    "content": {**_json(reply), "text/event-stream": {"schema": {"type": "string"}}}},
+                    "content": {**_json(reply), "text/event-stream": {"schema": _SSE_EVENT}}},
             **_errors(*_GENERATION_ERRORS),
         },
     }}
 
 
+def openapi_document(model_names: tuple[str, ...], max_tokens: int) -> dict:
+    """The document of this daemon: its model names and its --max-tokens-per-request."""
+    doc = copy.deepcopy(_document())
+    schemas = doc["components"]["schemas"]
+    for request in ("ChatCompletionRequest", "CompletionRequest"):
+        properties = schemas[request]["properties"]
+        properties["model"] = {"anyOf": [{"enum": list(model_names)}, {"type": "null"}], "default": None,
+                               "description": "the model served (GET /v1/models); unset is the same"}
+        for name in ("max_tokens", "max_completion_tokens"):
+            if name in properties:
+                properties[name]["maximum"] = max_tokens
+    return doc
+
+
 @functools.cache
-def openapi_document() -> dict:
+def _document() -> dict:
     models = [
         (rq.ChatCompletionRequest, "validation"), (rq.CompletionRequest, "validation"),
         (rs.ChatCompletion, "serialization"), (rs.TextCompletion, "serialization"), (rs.ModelList, "serialization"),

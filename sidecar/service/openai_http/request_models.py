@@ -21,7 +21,10 @@ TopP = Annotated[float, Field(ge=0.0, le=1.0)]
 Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
 Seed = Annotated[int, Field(ge=0, le=2**32 - 2)]
 MaxTokens = Annotated[int, Field(ge=1, le=1 << 20)]
-Stop = Union[str, Annotated[list[str], Field(max_length=16)], None]
+StopString = Annotated[str, Field(min_length=1, max_length=256)]
+Stop = Union[StopString, Annotated[list[StopString], Field(max_length=16)], None]
+# Declared so a client's use of it is refused by name; the document says which values pass.
+_REFUSED_UNLESS_OFF = {"enum": [False, None]}
 
 
 class _Body(BaseModel):
@@ -128,8 +131,8 @@ class _Sampling(_Body):
     stop: Stop = None
     frequency_penalty: Penalty | None = None
     presence_penalty: Penalty | None = None
-    logit_bias: dict[str, float] | None = None
-    n: Annotated[int, Field(ge=1, le=128)] | None = None
+    logit_bias: dict[str, float] | None = Field(None, json_schema_extra={"maxProperties": 0})
+    n: Annotated[int, Field(ge=1, le=128)] | None = Field(None, json_schema_extra={"maximum": 1})
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     user: Annotated[str, Field(max_length=MAX_SESSION_ID_LENGTH)] | None = Field(
@@ -141,16 +144,16 @@ class ChatCompletionRequest(_Sampling):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: MaxTokens | None = None
     response_format: ResponseFormat | None = None
-    tools: list[Tool] | None = None
+    tools: list[Tool] | None = Field(None, json_schema_extra={"maxItems": 0})  # not built yet: see tools.py
     tool_choice: ToolChoice = None
     parallel_tool_calls: bool | None = None
-    logprobs: bool | None = None
-    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    logprobs: bool | None = Field(None, json_schema_extra=_REFUSED_UNLESS_OFF)
+    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = Field(None, json_schema_extra={"maximum": 0})
 
 
 class CompletionRequest(_Sampling):
     prompt: Union[str, Annotated[list[str], Field(min_length=1, max_length=1)]]
-    echo: bool | None = None
-    suffix: str | None = None
-    best_of: Annotated[int, Field(ge=1, le=128)] | None = None
-    logprobs: Annotated[int, Field(ge=0, le=5)] | None = None
+    echo: bool | None = Field(None, json_schema_extra=_REFUSED_UNLESS_OFF)
+    suffix: str | None = Field(None, json_schema_extra={"maxLength": 0})
+    best_of: Annotated[int, Field(ge=1, le=128)] | None = Field(None, json_schema_extra={"maximum": 1})
+    logprobs: Annotated[int, Field(ge=0, le=5)] | None = Field(None, json_schema_extra={"maximum": 0})

@@ -172,7 +172,7 @@ class OpenAIApi:
         return JSONResponse({"status": "ok"})
 
     async def openapi(self, request: Request) -> Response:
-        return JSONResponse(openapi_document())
+        return JSONResponse(openapi_document(tuple(sorted(self.model_names)), self._max_tokens_limit()))
 
     async def models(self, request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [self._model_object()]})
