@@ -125,6 +125,12 @@ def test_a_session_remembers_a_name_over_three_turns_and_reuses_its_cache(client
     assert usages[-1].prompt_tokens_details.cached_tokens >= usages[0].prompt_tokens
 
 
+def test_a_session_named_in_any_script_works(client: openai.OpenAI, model: str) -> None:
+    """Regression: the session id was echoed in a response header, which cannot carry non-ASCII (500)."""
+    reply = client.chat.completions.create(model=model, messages=ask("Hi"), max_tokens=2, user="Brünhild-\U000e3e71")
+    assert reply.choices[0].message.content is not None
+
+
 def test_an_edited_history_restarts_the_session_from_the_client_s_conversation(client: openai.OpenAI, model: str) -> None:
     session = {"X-Session-Id": "editor"}
     first = client.chat.completions.create(model=model, messages=ask("My name is Brom."), max_tokens=8,

@@ -65,4 +65,4 @@ def test_no_5xx_and_every_answer_fits_the_document(fuzzed: RunningDaemon) -> Non
         statuses[(chat.path, response.status_code)] += 1
     print(sorted(statuses.items()))
     # Most generated bodies are refused, but some must have been answered, or little was tested.
-    assert statuses[("/v1/chat/completions", 200)] == 2 and statuses[("/v1/completions", 200)], statuses
+    assert statuses[("/v1/chat/completions", 200)] >= 2 and statuses[("/v1/completions", 200)], statuses

@@ -149,7 +149,8 @@ class OpenAIApi:
     async def _respond(self, request: Request, turn: translate.Turn, ids: replies.ReplyIds, stream: bool,
                        include_usage: bool, session_id: str) -> Response:
         chunks = self._stream(turn)
-        headers = {"X-Session-Id": session_id} if session_id else {}
+        # Echoed where a header can carry it: a `user` field may hold any text, a header only ASCII.
+        headers = {"X-Session-Id": session_id} if session_id and session_id.isascii() and session_id.isprintable() else {}
         try:
             # Errors before the first token (bad arguments, no projector, a full queue) get their
             # own status; only after it must they travel inside a 200 stream.
