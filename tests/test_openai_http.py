@@ -253,3 +253,47 @@ def test_a_client_killed_while_waiting_for_a_whole_reply_cancels_it(api: Running
     finally:
         if victim.poll() is None:
             victim.kill()
+
+
+TOOLS = [
+    {"type": "function", "function": {"name": "attack", "description": "attack a target",
+                                      "parameters": {"type": "object", "additionalProperties": False, "required": ["target"],
+                                                     "properties": {"target": {"type": "string", "maxLength": 30}}}}},
+    {"type": "function", "function": {"name": "flee", "description": "run away",
+                                      "parameters": {"type": "object", "additionalProperties": False, "properties": {}}}},
+]
+
+
+def test_a_tool_call_parses_and_names_a_declared_function(client: openai.OpenAI, model: str) -> None:
+    messages = [{"role": "system", "content": "You are a town guard."}, {"role": "user", "content": "A thief runs past you!"}]
+    reply = client.chat.completions.create(model=model, messages=messages, tools=TOOLS, tool_choice="required",
+                                           max_tokens=60, **GREEDY)
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    [call] = choice.message.tool_calls
+    declared = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+    assert call.function.name in declared and call.id.startswith("call_")
+    jsonschema.validate(json.loads(call.function.arguments), declared[call.function.name])
+    named = client.chat.completions.create(model=model, messages=messages, tools=TOOLS, max_tokens=60, **GREEDY,
+                                           tool_choice={"type": "function", "function": {"name": "flee"}})
+    assert named.choices[0].message.tool_calls[0].function.name == "flee"
+
+
+def test_a_streamed_tool_call_comes_as_deltas_and_a_tool_result_continues(client: openai.OpenAI, model: str) -> None:
+    messages = [{"role": "user", "content": "An orc attacks the gate! Fight it."}]
+    stream = client.chat.completions.create(model=model, messages=messages, tools=TOOLS, tool_choice="required",
+                                            max_tokens=60, stream=True, **GREEDY)
+    chunks = [c for c in stream if c.choices]
+    calls = [d for c in chunks for d in (c.choices[0].delta.tool_calls or [])]
+    assert calls and calls[0].id and calls[0].function.name in {"attack", "flee"}
+    arguments = "".join(d.function.arguments or "" for d in calls)
+    assert isinstance(json.loads(arguments), dict) and chunks[-1].choices[0].finish_reason == "tool_calls"
+    messages += [{"role": "assistant", "content": None, "tool_calls": [{"id": calls[0].id, "type": "function",
+                  "function": {"name": calls[0].function.name, "arguments": arguments}}]},
+                 {"role": "tool", "tool_call_id": calls[0].id, "content": "The orc is defeated."}]
+    after = client.chat.completions.create(model=model, messages=messages, tools=TOOLS, tool_choice="none",
+                                           max_tokens=30, **GREEDY)
+    assert after.choices[0].finish_reason in ("stop", "length") and after.choices[0].message.content.strip()
+    auto = client.chat.completions.create(model=model, messages=messages, tools=TOOLS, max_tokens=60, **GREEDY)
+    message = auto.choices[0].message
+    assert (message.content is not None) != bool(message.tool_calls)  # words or a call, held to the grammar

@@ -107,7 +107,11 @@ def test_an_image_part_becomes_the_marker_and_the_image_bytes() -> None:
      "one new image"),
     ({"messages": [{"role": "user", "content": [{"type": "text", "text": IMAGE_MARKER}]}]}, "may not contain"),
     ({"messages": [{"role": "user", "content": None}]}, "needs content"),
-    ({"tools": [{"type": "function", "function": {"name": "attack"}}]}, "tools"),
+    ({"tools": [{"type": "function", "function": {"name": "attack"}}], "tool_choice":
+      {"type": "function", "function": {"name": "flee"}}}, "not among the tools"),
+    ({"tool_choice": "required"}, "no tools"),
+    ({"messages": [{"role": "assistant", "tool_calls": [{"id": "c", "type": "function",
+                                                          "function": {"name": "a", "arguments": "{oops"}}]}]}, "JSON"),
 ])
 def test_what_cannot_be_honoured_is_refused_by_name(body: dict, message: str) -> None:
     with pytest.raises(InvalidArgument, match=message):
@@ -125,3 +129,43 @@ def test_completion_fields_that_cannot_be_honoured_are_refused(body: dict, messa
 def test_tool_choice_none_ignores_the_tools() -> None:
     turn = chat(tools=[{"type": "function", "function": {"name": "attack"}}], tool_choice="none")
     assert turn.request.json_schema == ""
+
+
+ATTACK = {"type": "function", "function": {"name": "attack", "description": "strike a target",
+                                             "parameters": {"type": "object", "properties": {"target": {"type": "string"}},
+                                                            "required": ["target"]}}}
+FLEE = {"type": "function", "function": {"name": "flee", "parameters": {"type": "object", "properties": {}}}}
+
+
+def test_tools_become_a_schema_of_calls_and_instructions_in_the_system_message() -> None:
+    turn = chat(tools=[ATTACK, FLEE], tool_choice="required",
+                messages=[{"role": "system", "content": "You are a guard."}, {"role": "user", "content": "A thief!"}])
+    schema = json.loads(turn.request.json_schema)
+    assert [c["properties"]["name"]["const"] for c in schema["anyOf"]] == ["attack", "flee"]
+    system = turn.request.messages.messages[0]
+    assert system.role == "system" and system.content.startswith("You are a guard.") and "attack: strike a target" in system.content
+    named = json.loads(chat(tools=[ATTACK, FLEE], tool_choice={"type": "function", "function": {"name": "flee"}}).request.json_schema)
+    assert named["properties"]["name"] == {"const": "flee"}
+    auto = json.loads(chat(tools=[ATTACK]).request.json_schema)
+    assert [sorted(c["properties"]) for c in auto["anyOf"]] == [["arguments", "name"], ["reply"]]
+
+
+def test_tool_results_and_earlier_calls_are_written_into_the_conversation() -> None:
+    messages = [{"role": "user", "content": "A thief!"},
+                {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": "call_1", "type": "function", "function": {"name": "attack", "arguments": '{"target": "thief"}'}}]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "The thief flees."}]
+    sent = [(m.role, m.content) for m in chat(tools=[ATTACK], messages=messages).request.messages.messages]
+    assert sent[2] == ("assistant", '{"name": "attack", "arguments": {"target": "thief"}}')
+    assert sent[3] == ("user", "Result of call_1: The thief flees.")
+
+
+def test_replies_held_to_the_tools_grammar_parse_into_calls_or_text() -> None:
+    from sidecar.service.openai_http.tools import parse_reply, tool_spec
+    from sidecar.service.openai_http.request_models import Tool
+
+    spec = tool_spec([Tool.model_validate(ATTACK)], "auto")
+    call = parse_reply('{"name": "attack", "arguments": {"target": "orc"}}', spec)
+    assert call.content is None and call.calls[0]["function"] == {"name": "attack", "arguments": '{"target": "orc"}'}
+    assert parse_reply('{"reply": "Halt!"}', spec).content == "Halt!"
+    assert parse_reply('{"name": "att', spec).content == '{"name": "att'  # cut by max_tokens: text

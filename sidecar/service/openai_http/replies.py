@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from sidecar.api import pb
+from sidecar.service.openai_http import tools
 from sidecar.service.openai_http.errors import error_body
 
 _FINISH = {
@@ -138,6 +139,43 @@ async def events(
     yield _event(_chat_chunk(ids, {}, reason) if ids.chat else _text_chunk(ids, "", reason))
     if include_usage:
         tail = _chat_chunk(ids, {}, None) if ids.chat else _text_chunk(ids, "", None)
+        tail["choices"] = []
+        tail["usage"] = usage(final)
+        yield _event(tail)
+    yield DONE
+
+
+def tool_message(text: str, spec: tools.ToolSpec) -> dict:
+    """The assistant message of a reply held to the tools' grammar."""
+    reply = tools.parse_reply(text, spec)
+    message: dict = {"role": "assistant", "content": reply.content}
+    if reply.calls:
+        message["tool_calls"] = reply.calls
+    return message
+
+
+async def tool_events(ids: ReplyIds, first: pb.GenerateChunk, chunks: AsyncIterator[pb.GenerateChunk],
+                      include_usage: bool, spec: tools.ToolSpec) -> AsyncIterator[str]:
+    """A tools reply streamed: a call is only known whole once its JSON closes, so the reply is
+    gathered, then sent as OpenAI's deltas (the call's id and name, then its arguments)."""
+    yield _event(_chat_chunk(ids, {"role": "assistant", "content": ""}, None))
+    try:
+        text, final = await collect(first, chunks)
+    except Exception as e:  # not CancelledError: a client gone gets nothing more
+        yield _event(error_body(e)[1])
+        return
+    message = tool_message(text, spec)
+    reason = finish_reason(final)
+    for call in message.get("tool_calls") or ():
+        head = {"index": 0, "id": call["id"], "type": "function", "function": {"name": call["function"]["name"], "arguments": ""}}
+        yield _event(_chat_chunk(ids, {"tool_calls": [head]}, None))
+        yield _event(_chat_chunk(ids, {"tool_calls": [{"index": 0, "function": {"arguments": call["function"]["arguments"]}}]}, None))
+        reason = "tool_calls"
+    if message["content"]:
+        yield _event(_chat_chunk(ids, {"content": message["content"]}, None))
+    yield _event(_chat_chunk(ids, {}, reason))
+    if include_usage:
+        tail = _chat_chunk(ids, {}, None)
         tail["choices"] = []
         tail["usage"] = usage(final)
         yield _event(tail)

@@ -144,7 +144,7 @@ class ChatCompletionRequest(_Sampling):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: MaxTokens | None = None
     response_format: ResponseFormat | None = None
-    tools: list[Tool] | None = Field(None, json_schema_extra={"maxItems": 0})  # not built yet: see tools.py
+    tools: list[Tool] | None = None
     tool_choice: ToolChoice = None
     parallel_tool_calls: bool | None = None
     logprobs: bool | None = Field(None, json_schema_extra=_REFUSED_UNLESS_OFF)

@@ -156,13 +156,19 @@ class OpenAIApi:
             # own status; only after it must they travel inside a 200 stream.
             first = await until_disconnected(request.receive, anext(chunks))
             if stream:
-                return EventStream(replies.events(ids, first, chunks, include_usage), source=chunks, headers=headers)
+                events = (replies.tool_events(ids, first, chunks, include_usage, turn.tools) if turn.tools is not None
+                          else replies.events(ids, first, chunks, include_usage))
+                return EventStream(events, source=chunks, headers=headers)
             text, final = await until_disconnected(request.receive, replies.collect(first, chunks))
         except BaseException:
             await chunks.aclose()
             raise
         await chunks.aclose()
-        body = replies.chat_completion(ids, text, final) if ids.chat else replies.text_completion(ids, text, final)
+        if not ids.chat:
+            body = replies.text_completion(ids, text, final)
+        else:
+            message = replies.tool_message(text, turn.tools) if turn.tools is not None else None
+            body = replies.chat_completion(ids, text, final, message)
         return JSONResponse(body, headers=headers)
 
     # -- endpoints --------------------------------------------------------------------------------
