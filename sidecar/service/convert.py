@@ -20,6 +20,7 @@ from sidecar.engine import (
 from sidecar.engine.load_report import is_vram
 from sidecar.engine.requests import IMAGE_MARKER
 from sidecar.errors import InvalidArgument
+from sidecar.service import tool_calls
 from sidecar.vision.image_input import decode_encoded, decode_raw
 
 DEFAULT_MAX_TOKENS = 256
@@ -65,13 +66,18 @@ def generation_spec_from_pb(r: pb.GenerateRequest) -> GenerationSpec:
     stops = stop_strings(r.stop)
     if r.reset_session and not r.session_id:
         raise InvalidArgument("reset_session needs a session_id")
+    json_schema = r.json_schema
+    tool_plan = tool_calls.plan_from_pb(r)
+    if tool_plan is not None:
+        prompt = Prompt(messages=tuple(tool_calls.with_instructions(list(prompt.messages), tool_plan)))
+        json_schema = tool_plan.json_schema
     return GenerationSpec(
         prompt=prompt,
         sampling=sampling_from_pb(r.sampling),
         max_tokens=r.max_tokens or DEFAULT_MAX_TOKENS,
         stop=stops,
-        grammar=json_schema_grammar(r.json_schema) if r.json_schema else None,
-        json_schema=r.json_schema,
+        grammar=json_schema_grammar(json_schema) if json_schema else None,
+        json_schema=json_schema,
         session_id=r.session_id,
         reset_session=r.reset_session,
         request_id=r.request_id,

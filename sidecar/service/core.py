@@ -18,7 +18,7 @@ from sidecar.api import pb
 from sidecar.budget import Budget, parse_size
 from sidecar.engine import Engine, Finished, GenerationSpec, TextDelta
 from sidecar.errors import ResourceExhausted, SidecarError, Unavailable, Unimplemented
-from sidecar.service import convert
+from sidecar.service import convert, tool_calls
 from sidecar.service.budget_control import BudgetControl, check_thread_cap
 from sidecar.service.collector import StreamCollector
 from sidecar.service.state import DaemonState, StateHub
@@ -59,7 +59,15 @@ class SidecarService:
         size = request.ByteSize()
         if size > self.info.max_message_bytes:
             raise ResourceExhausted(f"the request is {size} bytes; the limit is {self.info.max_message_bytes} (--max-message-bytes)")
-        async for chunk in self._stream(convert.generation_spec_from_pb(request)):
+        spec = convert.generation_spec_from_pb(request)
+        calls = request.tools and request.tool_choice != "none"
+        reply: list[str] = []
+        async for chunk in self._stream(spec):
+            if calls:  # the reply is read as a call once whole
+                if chunk.HasField("final"):
+                    tool_calls.finish_with_call(chunk.final, "".join(reply))
+                else:
+                    reply.append(chunk.text)
             yield chunk
 
     async def ask_image(self, request: pb.AskImageRequest) -> AsyncIterator[pb.GenerateChunk]:

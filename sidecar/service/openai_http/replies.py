@@ -24,6 +24,7 @@ _FINISH = {
     pb.FINISH_REASON_LENGTH: "length",
     pb.FINISH_REASON_CONTEXT_FULL: "length",
     pb.FINISH_REASON_CANCELLED: "stop",  # cut by a shutdown: the text so far is all there is
+    pb.FINISH_REASON_TOOL_CALL: "tool_calls",
 }
 DONE = "data: [DONE]\n\n"
 

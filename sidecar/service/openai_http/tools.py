@@ -1,14 +1,10 @@
-"""`tools` and `tool_choice`: function calls for NPC actions, over HTTP.
+"""`tools` and `tool_choice` over HTTP: OpenAI's shapes around sidecar.service.tool_calls.
 
-The reply is held to a grammar built from the declared functions' JSON schemas (through the same
-json_schema path as gRPC's), so a call is always valid JSON naming one declared function with
-arguments that fit its schema:
-- "required" or a named function: the reply is {"name": ..., "arguments": {...}} for one of them;
-- "auto": the reply is that, or {"reply": "text"} when the model answers in words;
+- "required" or a named function: the reply is a call of one of them;
+- "auto" (the default with tools): a call, or words;
 - "none" (or no tools): free text, the tools ignored.
-The functions are described to the model in the system message. Calls come back as OpenAI
-`tool_calls` with finish_reason "tool_calls"; `role: "tool"` results and the assistant's earlier
-calls are written back into the conversation as text the model reads.
+Calls come back as OpenAI `tool_calls` with finish_reason "tool_calls"; `role: "tool"` results and
+the assistant's earlier calls are written back into the conversation as text the model reads.
 """
 
 from __future__ import annotations
@@ -18,16 +14,10 @@ import secrets
 from dataclasses import dataclass
 
 from sidecar.errors import InvalidArgument
+from sidecar.service import tool_calls
 from sidecar.service.openai_http.request_models import ChatMessage, NamedToolChoice, Tool, ToolChoice
 
-MAX_TOOLS = 64
-
-
-@dataclass(frozen=True)
-class ToolSpec:
-    json_schema: str
-    instructions: str
-    auto: bool  # the model may answer in words instead
+ToolSpec = tool_calls.ToolPlan
 
 
 def tool_spec(tools: list[Tool] | None, choice: ToolChoice) -> ToolSpec | None:
@@ -35,41 +25,13 @@ def tool_spec(tools: list[Tool] | None, choice: ToolChoice) -> ToolSpec | None:
         if isinstance(choice, NamedToolChoice) or choice == "required":
             raise InvalidArgument("tool_choice asks for a tool call but no tools are given")
         return None
-    if len(tools) > MAX_TOOLS:
-        raise InvalidArgument(f"at most {MAX_TOOLS} tools")
-    functions = {t.function.name: t.function for t in tools}
-    if len(functions) != len(tools):
-        raise InvalidArgument("tool function names must be unique")
-    chosen = list(functions.values())
-    if isinstance(choice, NamedToolChoice):
-        if choice.function.name not in functions:
-            raise InvalidArgument(f"tool_choice names {choice.function.name!r}, which is not among the tools")
-        chosen = [functions[choice.function.name]]
-    calls = [{
-        "type": "object",
-        "properties": {"name": {"const": f.name}, "arguments": f.parameters or {"type": "object"}},
-        "required": ["name", "arguments"],
-        "additionalProperties": False,
-    } for f in chosen]
-    auto = choice in (None, "auto")
-    if auto:
-        calls.append({"type": "object", "properties": {"reply": {"type": "string"}}, "required": ["reply"],
-                      "additionalProperties": False})
-    schema = calls[0] if len(calls) == 1 else {"anyOf": calls}
-    lines = ["You can call these functions. To call one, reply with JSON: "
-             '{"name": "<function>", "arguments": {<its parameters>}}.']
-    if auto:
-        lines.append('To answer in words instead, reply with JSON: {"reply": "<your answer>"}.')
-    for f in chosen:
-        lines.append(f"- {f.name}: {f.description or ''} Parameters: {json.dumps(f.parameters or {'type': 'object'})}")
-    return ToolSpec(json.dumps(schema), "\n".join(lines), auto)
+    functions = [tool_calls.Function(t.function.name, t.function.description or "", t.function.parameters) for t in tools]
+    name = choice.function.name if isinstance(choice, NamedToolChoice) else (choice or "auto")
+    return tool_calls.plan(functions, name)
 
 
 def with_tool_instructions(conversation: list[tuple[str, str]], spec: ToolSpec) -> list[tuple[str, str]]:
-    """The functions described in the system message (a new one first when there is none)."""
-    if conversation and conversation[0][0] == "system":
-        return [("system", f"{conversation[0][1]}\n\n{spec.instructions}")] + conversation[1:]
-    return [("system", spec.instructions)] + conversation
+    return tool_calls.with_instructions(conversation, spec)
 
 
 def tool_result_message(message: ChatMessage) -> tuple[str, str]:
@@ -96,16 +58,9 @@ class ToolReply:
 
 
 def parse_reply(text: str, spec: ToolSpec) -> ToolReply:
-    """The grammar-held reply as OpenAI's message fields. A reply cut short (max_tokens) is not
-    whole JSON: it comes back as text, with finish_reason "length" telling why."""
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return ToolReply(text, [])
-    if isinstance(value, dict) and "name" in value:
-        call = {"id": "call_" + secrets.token_hex(8), "type": "function",
-                "function": {"name": value["name"], "arguments": json.dumps(value.get("arguments", {}))}}
-        return ToolReply(None, [call])
-    if isinstance(value, dict) and isinstance(value.get("reply"), str):
-        return ToolReply(value["reply"], [])
-    return ToolReply(text, [])
+    read = tool_calls.read_reply(text)
+    if read.name is None:
+        return ToolReply(read.content, [])
+    call = {"id": "call_" + secrets.token_hex(8), "type": "function",
+            "function": {"name": read.name, "arguments": json.dumps(read.arguments)}}
+    return ToolReply(None, [call])
