@@ -217,6 +217,7 @@ def scenario_single(model: Path, args, results: dict) -> None:
 # own) ends its replies at other lengths, and per-request costs then weigh differently.
 QUESTIONS = [f"Tell me a long story about a {a} {b}." for a in ("brave", "sly", "old", "young") for b in ("knight", "thief", "wizard", "merchant")]
 BATCH_STREAMS = (1, 4, 16, 64)
+DAEMON_HTTP = "daemon HTTP API"
 # Context per conversation: a question and its reply fit, and 64 of them stay small.
 BATCH_CTX = 512
 
@@ -230,6 +231,9 @@ class Round:
     ttft_ms: float
     counted: int
     self_reported: int | None
+    # Median over the round's streams of one stream's decode rate: tokens after the first over
+    # the time after the first (what a player watching one NPC sees, TTFT left out).
+    decode_tokens_per_s: float = 0.0
 
 
 def aggregate(send, n_streams: int, max_tokens: int, count, tag: str = "") -> Round:
@@ -260,8 +264,9 @@ def aggregate(send, n_streams: int, max_tokens: int, count, tag: str = "") -> Ro
         raise errors[0]
     counted = sum(count(r.text) for r in replies)
     reported = [r.reported_tokens for r in replies]
+    decode = statistics.median(max(count(r.text) - 1, 0) / max(r.total_s - r.first_s, 1e-9) for r in replies)
     return Round(counted / wall, statistics.median(r.first_s for r in replies) * 1e3, counted,
-                 None if None in reported else sum(reported))
+                 None if None in reported else sum(reported), decode)
 
 
 def _daemon_stream(client, question: str, max_tokens: int) -> peers.Streamed:
@@ -290,10 +295,11 @@ def scenario_batch(model: Path, args, results: dict) -> None:
     shared machine lands on all sides alike instead of on whichever ran then. Idle servers sleep:
     llama.cpp's threads spin only while a graph computes."""
     from conftest import start_daemon, stop_daemon
+    from openai_http_support import http_base
     from sidecar.settings import Settings
 
     quick = getattr(args, "quick", False)
-    max_tokens, streams = (16 if quick else 64), BATCH_STREAMS
+    max_tokens, streams = (16 if quick else 64), (getattr(args, "streams", None) or BATCH_STREAMS)
     threads = Settings().cpu_threads()
     count = TokenCounter(model)
     print(f"\n== aggregate tokens/s, {max_tokens} tokens per conversation, {threads} threads, all sides streamed, rounds interleaved ==")
@@ -308,6 +314,11 @@ def scenario_batch(model: Path, args, results: dict) -> None:
         client = stack.enter_context(daemon.client(timeout_s=600))
         senders: dict[str, dict[int, Callable[[str, int], peers.Streamed]]] = {
             "daemon": {n: (lambda q, k: _daemon_stream(client, q, k)) for n in streams}}
+        # The same daemon through its OpenAI-compatible API, read with the same client code as
+        # the HTTP peers: the two HTTP servers compared on one client.
+        daemon_http = peers.HttpPeer("daemon HTTP", daemon.process, http_base(daemon),
+                                     headers={"Authorization": f"Bearer {daemon.token}"})
+        senders[DAEMON_HTTP] = {n: _http_sender(daemon_http, http) for n in streams}
         # One sequence, so concurrent requests queue (interrupt_requests off: see peers.py).
         cpp_python = peers.start_llama_cpp_python_server(model, threads, 2048)
         stack.callback(cpp_python.stop)
@@ -321,7 +332,7 @@ def scenario_batch(model: Path, args, results: dict) -> None:
                 per_n[n] = _http_sender(server, http)
             senders["llama-server (slots = streams)"] = per_n
         else:
-            print("llama-server not found (PATH, $LLAMA_CPP_BIN or --llama-bin): skipped")
+            print("llama-server not found (PATH, $LLAMA_CPP_BIN or --llama-bin, a llama.cpp build): its comparison is skipped")
         # One untimed round per side and stream count: first use of a sequence, a slot or a
         # batch shape costs every side something once, and that is not what is measured.
         for side in senders.values():
@@ -334,7 +345,10 @@ def scenario_batch(model: Path, args, results: dict) -> None:
             for n in streams:
                 order = names[r % len(names):] + names[: r % len(names)]
                 for name in order:
-                    table[name][n].append(aggregate(senders[name][n], n, max_tokens, count, tag=f"{r + 1}.{n}"))
+                    # The side in the tag too: the daemon's two transports share one daemon, whose
+                    # free sequences would otherwise serve the second side's prompts from cache.
+                    tag = f"{r + 1}.{n}.{names.index(name)}"
+                    table[name][n].append(aggregate(senders[name][n], n, max_tokens, count, tag=tag))
             print(f"   repeat {r + 1}/{args.repeats} done", flush=True)
 
     def med(rounds: list[Round], field: str = "tokens_per_s") -> float:
@@ -358,12 +372,27 @@ def scenario_batch(model: Path, args, results: dict) -> None:
         ratios |= {f"vs_llama_server_{n}": med(d[n]) / med(table["llama-server (slots = streams)"][n]) for n in streams}
     print("daemon / llama-cpp-python server: " + ", ".join(f"{n} streams {ratios[f'vs_llama_cpp_python_{n}']:.2f}x" for n in streams)
           + "   (targets 2.5x at 4, 4x at 16)")
+    h = table[DAEMON_HTTP]
+    ratios |= {f"http_vs_grpc_{n}": med(h[n]) / med(d[n]) for n in streams}
+    print("daemon HTTP / daemon gRPC, aggregate: " + ", ".join(f"{n} streams {ratios[f'http_vs_grpc_{n}']:.2f}x" for n in streams))
+    if 1 in streams:
+        g1, h1 = med(d[1], "decode_tokens_per_s"), med(h[1], "decode_tokens_per_s")
+        ratios["single_stream_decode_http_vs_grpc"] = h1 / g1
+        print(f"one stream's decode tokens/s: gRPC {spread([r.decode_tokens_per_s for r in d[1]])}, "
+              f"HTTP {spread([r.decode_tokens_per_s for r in h[1]])}: HTTP / gRPC {h1 / g1:.3f}x   (target >= 0.97x)")
+    if "llama-server (slots = streams)" in table:
+        s = table["llama-server (slots = streams)"]
+        ratios |= {f"http_vs_llama_server_{n}": med(h[n]) / med(s[n]) for n in streams}
+        print("daemon HTTP / llama-server: " + ", ".join(f"{n} streams {ratios[f'http_vs_llama_server_{n}']:.2f}x" for n in streams)
+              + "   (target >= 1.0x, same client, same requests)")
     if "vs_llama_server_1" in ratios:
         print("daemon / llama-server: " + ", ".join(f"{n} streams {ratios[f'vs_llama_server_{n}']:.2f}x" for n in streams) + "   (target >= 1.0x)")
     results["batch"] = {
         "max_tokens": max_tokens, "threads": threads, "token_counting": TOKEN_COUNTING, "interleaved": True,
         "table": {k: {str(n): [r.tokens_per_s for r in rounds] for n, rounds in row.items()} for k, row in table.items()},
         "ttft_ms": {k: {str(n): [r.ttft_ms for r in rounds] for n, rounds in row.items()} for k, row in table.items()},
+        "decode_tokens_per_s": {k: {str(n): [r.decode_tokens_per_s for r in rounds] for n, rounds in row.items()}
+                                for k, row in table.items()},
         "cross_check": {k: {str(n): {"counted": rounds[-1].counted, "self_reported": rounds[-1].self_reported}
                             for n, rounds in row.items()} for k, row in table.items()},
         "ratios": ratios,

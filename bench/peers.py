@@ -69,6 +69,8 @@ class HttpPeer:
     name: str
     process: subprocess.Popen
     base_url: str
+    # Sent with every request: the daemon's HTTP API wants its token (Authorization: Bearer).
+    headers: dict[str, str] | None = None
 
     def wait_ready(self, timeout_s: float = 120) -> None:
         deadline = time.monotonic() + timeout_s
@@ -94,7 +96,8 @@ class HttpPeer:
         body = {"messages": messages, "max_tokens": max_tokens, "temperature": 0.0, "stream": True,
                 # llama-server reports usage in a last event with this; llama-cpp-python ignores it.
                 "stream_options": {"include_usage": True}}
-        with client.stream("POST", f"{self.base_url}/v1/chat/completions", json=body, timeout=600) as r:
+        with client.stream("POST", f"{self.base_url}/v1/chat/completions", json=body, timeout=600,
+                           headers=self.headers) as r:
             r.raise_for_status()
             for line in r.iter_lines():
                 if not line.startswith("data:"):

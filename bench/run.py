@@ -162,6 +162,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--quick", action="store_true", help="a smoke run of each scenario: shorter and fewer, not a measurement")
     ap.add_argument("--model", type=Path, default=None, help="GGUF to measure (default: the bundled SmolLM2-135M)")
     ap.add_argument("--llama-bin", type=Path, default=None, help="folder with llama.cpp's llama-bench and llama-server")
+    ap.add_argument("--streams", type=lambda s: tuple(int(n) for n in s.split(",")), default=None,
+                    help="batch: concurrent stream counts, e.g. 1,4 (default 1,4,16,64)")
     return ap
 
 

@@ -54,6 +54,8 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--socket", type=Path, help="serve gRPC on this Unix socket (owner-only) instead of TCP")
     p.add_argument("--ws-port", type=int, help="WebSocket bridge port (default --port + 1; 0 picks a free one; -1 disables it)")
     p.add_argument("--no-websocket", dest="ws_port", action="store_const", const=-1, help="do not serve the WebSocket bridge")
+    p.add_argument("--http-port", type=int, help="OpenAI-compatible HTTP API port (default --port + 2; 0 picks a free one; -1 disables it)")
+    p.add_argument("--no-http", dest="http_port", action="store_const", const=-1, help="do not serve the OpenAI-compatible HTTP API")
     p.add_argument("--allow-remote", action="store_true", default=None, help="accept calls from other machines (a token is required)")
     p.add_argument("--no-auth", action="store_true", default=None, help="accept calls without a token (local development only)")
     p.add_argument("--token-file", type=Path, help="write the token here, owner-only (default: the user's runtime folder); "

@@ -22,6 +22,7 @@ from sidecar.executor import (
 from sidecar.lifecycle.daemon_lifecycle import DaemonLifecycle
 from sidecar.service.budget_control import BudgetControl
 from sidecar.service.core import ServiceInfo, SidecarService
+from sidecar.service.openai_http import start_http
 from sidecar.service.transports import start_transports
 from sidecar.settings import Settings
 
@@ -67,6 +68,7 @@ async def _serve(settings: Settings, lifecycle: DaemonLifecycle, ready: asyncio.
         )
         await service.budget_control.fit_to_measured()
         transports = await start_transports(service, settings, lifecycle.authenticator)
+        await start_http(transports, service, settings, lifecycle.authenticator)
         service.info = replace(info, listen_addresses=transports.addresses)
         lifecycle.listening(transports.port)
         log.info(

@@ -59,6 +59,9 @@ class Settings(BaseSettings):
     ws_port: int | None = Field(
         None, ge=-1, le=65535, description="WebSocket bridge port; default --port + 1 (0 with --port 0); 0 picks a free one; -1 disables it"
     )
+    http_port: int | None = Field(
+        None, ge=-1, le=65535, description="OpenAI-compatible HTTP API port; default --port + 2 (0 with --port 0); 0 picks a free one; -1 disables it"
+    )
     allow_remote: bool = Field(False, description="accept calls from other machines (needs a token; refuses --no-auth)")
     no_auth: bool = Field(False, description="accept calls without a token (local development only)")
     # Only from the environment (XLM_SIDECAR_TOKEN, set by the launching game): a flag would show in `ps`.

@@ -24,6 +24,9 @@ class SamplingConfig:
     repeat_penalty: float = 1.1
     repeat_last_n: int = 64
     seed: int | None = None
+    # OpenAI's frequency and presence penalties, over the repeat_last_n window; 0 is off.
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
 
     def __post_init__(self) -> None:
         checks = [
@@ -34,6 +37,8 @@ class SamplingConfig:
             (0.0 < self.repeat_penalty <= 10.0, "repeat_penalty must be in (0, 10]"),
             (0 <= self.repeat_last_n <= 1 << 20, "repeat_last_n must be 0 or positive"),
             (self.seed is None or 0 <= self.seed < 2**32 - 1, "seed must fit in 32 bits (below 4294967295)"),
+            (-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty must be between -2 and 2"),
+            (-2.0 <= self.presence_penalty <= 2.0, "presence_penalty must be between -2 and 2"),
         ]
         for ok, message in checks:
             if not ok:
@@ -76,13 +81,17 @@ class SamplerChain:
             if not sampler:
                 raise InvalidArgument("the grammar derived from the JSON schema could not be parsed")
             self._add(sampler, "grammar")
-        penalize = config.repeat_penalty != 1.0 and config.repeat_last_n > 0
+        penalize = config.repeat_last_n > 0 and (
+            config.repeat_penalty != 1.0 or config.frequency_penalty != 0.0 or config.presence_penalty != 0.0
+        )
         top_k = config.top_k or (PENALTY_TOP_K if penalize else 0)
         if top_k > 0 and (penalize or not config.greedy):
             self._add(llama_cpp.llama_sampler_init_top_k(top_k), "top-k")
         if penalize:
             self._add(
-                llama_cpp.llama_sampler_init_penalties(n_vocab, config.repeat_last_n, config.repeat_penalty, 0.0, 0.0),
+                llama_cpp.llama_sampler_init_penalties(
+                    n_vocab, config.repeat_last_n, config.repeat_penalty, config.frequency_penalty, config.presence_penalty
+                ),
                 "repetition penalty",
             )
         if config.greedy:

@@ -21,6 +21,7 @@ from sidecar.engine.load_report import is_vram
 from sidecar.engine.requests import IMAGE_MARKER
 from sidecar.errors import InvalidArgument
 from sidecar.service.request_checks import check_prompt_size, check_session_id, normalized_schema
+from sidecar.service import tool_calls
 from sidecar.vision.image_input import decode_encoded, decode_raw
 
 DEFAULT_MAX_TOKENS = 256
@@ -50,7 +51,8 @@ def sampling_from_pb(s: pb.SamplingParams) -> SamplingConfig:
     (seed mod 4294967295), so seeds below 2^32 - 1 are used as they are and the same seed always
     samples the same way."""
     defaults = SamplingConfig()
-    fields = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n", "seed")
+    fields = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n", "seed",
+              "frequency_penalty", "presence_penalty")
     values = {f: getattr(s, f) if s.HasField(f) else getattr(defaults, f) for f in fields}
     if values["seed"] is not None:
         values["seed"] %= _SEEDS
@@ -98,13 +100,18 @@ def generation_spec_from_pb(r: pb.GenerateRequest, max_prompt_tokens: int = 0) -
     stops = stop_strings(r.stop)
     if r.reset_session and not r.session_id:
         raise InvalidArgument("reset_session needs a session_id")
+    json_schema = r.json_schema
+    tool_plan = tool_calls.plan_from_pb(r)
+    if tool_plan is not None:
+        prompt = Prompt(messages=tuple(tool_calls.with_instructions(list(prompt.messages), tool_plan)), context=prompt.context)
+        json_schema = tool_plan.json_schema
     return GenerationSpec(
         prompt=prompt,
         sampling=sampling_from_pb(r.sampling),
         max_tokens=r.max_tokens or DEFAULT_MAX_TOKENS,
         stop=stops,
-        grammar=grammar_for(r.json_schema),
-        json_schema=r.json_schema,
+        grammar=grammar_for(json_schema),
+        json_schema=json_schema,
         session_id=r.session_id,
         reset_session=r.reset_session,
         request_id=r.request_id,

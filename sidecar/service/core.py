@@ -16,9 +16,9 @@ import structlog
 
 from sidecar.api import pb
 from sidecar.budget import Budget, parse_size
-from sidecar.engine import Engine, Finished, TextDelta
+from sidecar.engine import Engine, Finished, GenerationSpec, TextDelta
 from sidecar.errors import FailedPrecondition, ResourceExhausted, SidecarError, Unavailable, Unimplemented
-from sidecar.service import convert
+from sidecar.service import convert, tool_calls
 from sidecar.service.budget_control import BudgetControl, check_thread_cap
 from sidecar.service.collector import StreamCollector
 from sidecar.service.request_checks import check_session_id
@@ -67,7 +67,14 @@ class SidecarService:
         # In a worker thread: a JSON schema's grammar or a long prompt's checks must not hold up
         # the event loop, which streams every other conversation's chunks.
         spec = await asyncio.to_thread(convert.generation_spec_from_pb, request, self.engine.config.max_prompt_tokens)
+        calls = request.tools and request.tool_choice != "none"
+        reply: list[str] = []
         async for chunk in self._stream(spec):
+            if calls:  # the reply is read as a call once whole
+                if chunk.HasField("final"):
+                    tool_calls.finish_with_call(chunk.final, "".join(reply))
+                else:
+                    reply.append(chunk.text)
             yield chunk
 
     async def ask_image(self, request: pb.AskImageRequest) -> AsyncIterator[pb.GenerateChunk]:
@@ -78,6 +85,14 @@ class SidecarService:
             raise FailedPrecondition("this daemon has no vision model; start it with --mmproj PROJECTOR.gguf")
         # Decoding a large PNG takes tens of milliseconds: keep it off the event loop.
         spec = await asyncio.to_thread(convert.image_spec_from_pb, request, self.info.max_image_bytes)
+        async for chunk in self._stream(spec):
+            yield chunk
+
+    async def generate_spec(self, spec: GenerationSpec) -> AsyncIterator[pb.GenerateChunk]:
+        """The same stream as generate, for an edge whose request has no xlm.v1 message (the
+        OpenAI API's chat turn with an image) and was validated with convert's helpers."""
+        if self.draining:
+            raise Unavailable("the daemon is shutting down")
         async for chunk in self._stream(spec):
             yield chunk
 

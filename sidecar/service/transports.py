@@ -12,6 +12,7 @@ from grpc_health.v1 import health
 from sidecar.service.auth import Authenticator
 from sidecar.service.core import SidecarService
 from sidecar.service.grpc_server import PortInUse, start_grpc_server
+from sidecar.service.openai_http import OpenAIHttpServer
 from sidecar.service.websocket_bridge import WebSocketBridge
 from sidecar.settings import Settings, format_address
 
@@ -57,13 +58,15 @@ class Transports:
     bridge: WebSocketBridge | None
     ws_address: str | None  # "ws://127.0.0.1:50552"
     core: SidecarService | None = None
+    http: OpenAIHttpServer | None = None
+    http_address: str | None = None  # "http://127.0.0.1:50553" (the OpenAI API's base is <it>/v1)
 
     @property
     def addresses(self) -> tuple[str, ...]:
-        return (self.address,) + ((self.ws_address,) if self.ws_address else ())
+        return (self.address,) + tuple(a for a in (self.ws_address, self.http_address) if a)
 
     def log_fields(self) -> dict[str, object]:
-        return {"address": self.address, "ws_address": self.ws_address}
+        return {"address": self.address, "ws_address": self.ws_address, "http_address": self.http_address}
 
     async def stop(self, grace_s: float, hurry: asyncio.Event | None = None) -> None:
         """Drain both transports at once. For grace_s (cut short when `hurry` is set) both keep
@@ -79,8 +82,11 @@ class Transports:
                 # One engine step ends them; a step is milliseconds, but a busy machine is slow.
                 await self.core.streams_done(FINAL_CHUNK_WAIT_S)
         stopping = [asyncio.ensure_future(self.grpc_server.stop(FLUSH_S))]
+        rest_s = FLUSH_S if self.core is not None else grace_s
         if self.bridge is not None:
-            stopping.append(asyncio.ensure_future(self.bridge.close(FLUSH_S if self.core is not None else grace_s, hurry)))
+            stopping.append(asyncio.ensure_future(self.bridge.close(rest_s, hurry)))
+        if self.http is not None:
+            stopping.append(asyncio.ensure_future(self.http.close(rest_s, hurry)))
         await asyncio.gather(*stopping)
 
 

@@ -17,6 +17,8 @@ namespace Xlm.Sidecar
         Cancelled = 4,
         /// <summary>The session's context is full.</summary>
         ContextFull = 5,
+        /// <summary>The reply is a call of one of the request's tools.</summary>
+        ToolCall = 60,
     }
 
     public sealed class Usage
@@ -125,6 +127,7 @@ namespace Xlm.Sidecar
                 case "FINISH_REASON_STOP_STRING": return FinishReason.StopString;
                 case "FINISH_REASON_CANCELLED": return FinishReason.Cancelled;
                 case "FINISH_REASON_CONTEXT_FULL": return FinishReason.ContextFull;
+                case "FINISH_REASON_TOOL_CALL": return FinishReason.ToolCall;
                 default: return FinishReason.Unspecified;
             }
         }

@@ -1,0 +1,159 @@
+"""The request bodies the OpenAI-compatible API accepts, as pydantic models.
+
+They validate every body (strictly: a string where a number belongs is a 400, not a guess) and
+are the source of the OpenAPI document's request schemas, so what is documented is what is
+checked. Fields OpenAI defines that the daemon cannot honour are declared too, so that they are
+refused with a message naming them (see translate) instead of being silently ignored; fields no
+OpenAI API defines are ignored, as OpenAI-compatible servers do.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from sidecar.engine.sessions import MAX_SESSION_ID_LENGTH
+
+# OpenAI's own ranges where ours are wider; ours where they are narrower (seed).
+Temperature = Annotated[float, Field(ge=0.0, le=2.0)]
+TopP = Annotated[float, Field(ge=0.0, le=1.0)]
+Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
+Seed = Annotated[int, Field(ge=0, le=2**32 - 2)]
+MaxTokens = Annotated[int, Field(ge=1, le=1 << 20)]
+StopString = Annotated[str, Field(min_length=1, max_length=256)]
+Stop = Union[StopString, Annotated[list[StopString], Field(max_length=16)], None]
+# Declared so a client's use of it is refused by name; the document says which values pass.
+_REFUSED_UNLESS_OFF = {"enum": [False, None]}
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+
+class TextPart(_Body):
+    type: Literal["text"]
+    text: str
+
+
+class ImageUrl(_Body):
+    url: str = Field(description="a data: URL, data:image/png;base64,... or data:image/jpeg;base64,...")
+    detail: Literal["auto", "low", "high"] | None = None
+
+
+class ImagePart(_Body):
+    type: Literal["image_url"]
+    image_url: ImageUrl
+
+
+ContentPart = Annotated[Union[TextPart, ImagePart], Field(discriminator="type")]
+Content = Union[str, list[ContentPart], None]
+
+
+class FunctionCall(_Body):
+    name: str
+    arguments: str = Field(description="the call's arguments, JSON text")
+
+
+class ToolCall(_Body):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ChatMessage(_Body):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Content = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+
+
+class StreamOptions(_Body):
+    include_usage: bool | None = None
+
+
+class JsonSchemaFormat(_Body):
+    name: str = "reply"
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class TextFormat(_Body):
+    type: Literal["text"]
+
+
+class JsonObjectFormat(_Body):
+    type: Literal["json_object"]
+
+
+class JsonSchemaResponseFormat(_Body):
+    type: Literal["json_schema"]
+    json_schema: JsonSchemaFormat
+
+
+ResponseFormat = Annotated[Union[TextFormat, JsonObjectFormat, JsonSchemaResponseFormat], Field(discriminator="type")]
+
+
+class FunctionDefinition(_Body):
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(_Body):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(_Body):
+    name: str
+
+
+class NamedToolChoice(_Body):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+ToolChoice = Union[Literal["none", "auto", "required"], NamedToolChoice, None]
+
+
+class _Sampling(_Body):
+    """What both endpoints share."""
+
+    model: str | None = None
+    max_tokens: MaxTokens | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    seed: Seed | None = None
+    stop: Stop = None
+    frequency_penalty: Penalty | None = None
+    presence_penalty: Penalty | None = None
+    logit_bias: dict[str, float] | None = Field(None, json_schema_extra={"maxProperties": 0})
+    n: Annotated[int, Field(ge=1, le=128)] | None = Field(None, json_schema_extra={"maximum": 1})
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    user: Annotated[str, Field(max_length=MAX_SESSION_ID_LENGTH)] | None = Field(
+        None, description="names the conversation's session (an NPC) unless the X-Session-Id header does"
+    )
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_completion_tokens: MaxTokens | None = None
+    response_format: ResponseFormat | None = None
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice = None
+    parallel_tool_calls: bool | None = None
+    logprobs: bool | None = Field(None, json_schema_extra=_REFUSED_UNLESS_OFF)
+    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = Field(None, json_schema_extra={"maximum": 0})
+
+
+class CompletionRequest(_Sampling):
+    prompt: Union[str, Annotated[list[str], Field(min_length=1, max_length=1)]]
+    echo: bool | None = Field(None, json_schema_extra=_REFUSED_UNLESS_OFF)
+    suffix: str | None = Field(None, json_schema_extra={"maxLength": 0})
+    best_of: Annotated[int, Field(ge=1, le=128)] | None = Field(None, json_schema_extra={"maximum": 1})
+    logprobs: Annotated[int, Field(ge=0, le=5)] | None = Field(None, json_schema_extra={"maximum": 0})

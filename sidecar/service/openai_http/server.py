@@ -1,0 +1,94 @@
+"""uvicorn serving the API in the daemon's own event loop, beside gRPC and the WebSocket bridge.
+
+The daemon owns signals (SIGTERM drains every transport together), so uvicorn's own signal
+handling is turned off; the daemon binds the socket itself, so a taken port is an OSError at
+start, as for the other transports.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+
+import uvicorn
+
+from sidecar.service.auth import Authenticator
+from sidecar.service.core import SidecarService
+from sidecar.service.openai_http.routes import OpenAIApi
+
+
+class _Server(uvicorn.Server):
+    """A uvicorn server that leaves signals to the daemon."""
+
+    def install_signal_handlers(self) -> None:  # uvicorn < 0.29
+        pass
+
+    @contextlib.contextmanager
+    def capture_signals(self):  # uvicorn >= 0.29
+        yield
+
+
+class OpenAIHttpServer:
+    """One per daemon, on the daemon's event loop."""
+
+    def __init__(self, core: SidecarService, authenticator: Authenticator) -> None:
+        self.api = OpenAIApi(core, authenticator)
+        self._server: _Server | None = None
+        self._task: asyncio.Task | None = None
+        self._socket: socket.socket | None = None
+
+    async def start(self, host: str, port: int) -> int:
+        """Listen; returns the bound port. OSError when the port is taken."""
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((host.strip("[]"), port))
+            sock.listen(128)
+            sock.setblocking(False)
+        except OSError:
+            sock.close()
+            raise
+        self._socket = sock
+        # uvicorn logs through the standard library; only its warnings and errors are worth a line.
+        for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
+            logging.getLogger(name).setLevel(logging.WARNING)
+        config = uvicorn.Config(
+            self.api.app(),
+            log_config=None,
+            access_log=False,
+            lifespan="off",
+            server_header=False,
+            timeout_keep_alive=30,
+        )
+        self._server = _Server(config)
+        self._task = asyncio.create_task(self._server.serve(sockets=[sock]), name="openai-http")
+        while not self._server.started:
+            if self._task.done():
+                self._task.result()  # raises what stopped it
+                raise OSError("the HTTP server stopped at start")
+            await asyncio.sleep(0.01)
+        return sock.getsockname()[1]
+
+    async def close(self, grace_s: float, hurry: asyncio.Event | None = None) -> None:
+        """Drain: stop accepting, let requests in flight finish for up to grace_s (or until
+        `hurry` is set), then cancel them."""
+        if self._server is None or self._task is None:
+            return
+        self._server.config.timeout_graceful_shutdown = grace_s
+        self._server.should_exit = True
+        waiters = [self._task]
+        hurried = asyncio.ensure_future(hurry.wait()) if hurry is not None else None
+        if hurried is not None:
+            waiters.append(hurried)
+        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        if not self._task.done():
+            self._server.force_exit = True
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        if hurried is not None:
+            hurried.cancel()
+        if self._socket is not None:
+            self._socket.close()

@@ -1,0 +1,299 @@
+"""The OpenAI-compatible HTTP API, driven by the official `openai` Python package (sync and async)
+against a live daemon serving the real SmolLM2."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import httpx
+import jsonschema
+import openai
+import pytest
+
+from conftest import RunningDaemon, start_daemon, stop_daemon
+from openai_http_support import http_base
+
+pytestmark = pytest.mark.slow
+GREEDY = {"temperature": 0.0}
+LONG_PROMPT = "Here is a very long list of every number from 1 to 1000:\n1\n2\n3\n"
+
+
+@pytest.fixture(scope="module")
+def api() -> Iterator[RunningDaemon]:
+    running = start_daemon("--no-websocket", "--stream-interval-ms", "0")
+    yield running
+    stop_daemon(running)
+
+
+@pytest.fixture(scope="module")
+def base(api: RunningDaemon) -> str:
+    return http_base(api)
+
+
+@pytest.fixture(scope="module")
+def client(api: RunningDaemon, base: str) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=base + "/v1", api_key=api.token, max_retries=0, timeout=120) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def model(client: openai.OpenAI) -> str:
+    models = client.models.list().data
+    assert len(models) == 1 and models[0].owned_by == "xlm-sidecar"
+    return models[0].id
+
+
+def ask(text: str) -> list[dict]:
+    return [{"role": "user", "content": text}]
+
+
+def test_chat_completion_answers(client: openai.OpenAI, model: str) -> None:
+    reply = client.chat.completions.create(model=model, messages=ask("What is the capital of France?"),
+                                           max_tokens=30, **GREEDY)
+    choice = reply.choices[0]
+    assert "Paris" in choice.message.content and choice.message.role == "assistant"
+    assert choice.finish_reason in ("stop", "length")
+    assert reply.usage.prompt_tokens > 10 and 0 < reply.usage.completion_tokens <= 30
+    assert reply.usage.total_tokens == reply.usage.prompt_tokens + reply.usage.completion_tokens
+
+
+def test_streaming_gives_the_same_text_in_pieces_then_usage(client: openai.OpenAI, model: str) -> None:
+    messages = [{"role": "system", "content": "You are a helpful bard."},
+                {"role": "user", "content": [{"type": "text", "text": "Tell me a story about a dragon."}]}]
+    whole = client.chat.completions.create(model=model, messages=messages, max_tokens=40, **GREEDY)
+    stream = client.chat.completions.create(model=model, messages=messages, max_tokens=40, stream=True,
+                                            stream_options={"include_usage": True}, **GREEDY)
+    chunks = list(stream)
+    pieces = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
+    assert len(pieces) > 5, "text should come in many events, not one"
+    assert "".join(pieces) == whole.choices[0].message.content
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finishes == [whole.choices[0].finish_reason]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+
+
+def test_the_stream_ends_with_done(api: RunningDaemon, base: str) -> None:
+    body = {"messages": ask("Hi!"), "max_tokens": 4, "stream": True, **GREEDY}
+    with httpx.stream("POST", base + "/v1/chat/completions", json=body, timeout=60,
+                      headers={"Authorization": f"Bearer {api.token}"}) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        lines = [line for line in r.iter_lines() if line]
+    assert lines[-1] == "data: [DONE]" and all(line.startswith("data: ") for line in lines)
+    assert json.loads(lines[0][6:])["choices"][0]["delta"]["role"] == "assistant"
+
+
+def test_async_client_streams_and_answers(api: RunningDaemon, base: str, model: str) -> None:
+    async def run() -> tuple[str, str]:
+        async with openai.AsyncOpenAI(base_url=base + "/v1", api_key=api.token, max_retries=0) as c:
+            whole = await c.chat.completions.create(model=model, messages=ask("Name a colour."), max_tokens=12, **GREEDY)
+            pieces = []
+            async for chunk in await c.chat.completions.create(model=model, messages=ask("Name a colour."),
+                                                               max_tokens=12, stream=True, **GREEDY):
+                if chunk.choices and chunk.choices[0].delta.content:
+                    pieces.append(chunk.choices[0].delta.content)
+            return whole.choices[0].message.content, "".join(pieces)
+
+    whole, streamed = asyncio.run(run())
+    assert whole and streamed == whole
+
+
+def test_raw_completion_with_stop(client: openai.OpenAI, model: str) -> None:
+    reply = client.completions.create(model=model, prompt="1, 2, 3, 4, 5,", max_tokens=40, stop=" 8", **GREEDY)
+    assert reply.choices[0].finish_reason == "stop" and "7" in reply.choices[0].text and " 8" not in reply.choices[0].text
+    streamed = client.completions.create(model=model, prompt="1, 2, 3, 4, 5,", max_tokens=40, stop=[" 8"], stream=True,
+                                         **GREEDY)
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == reply.choices[0].text
+
+
+def test_a_session_remembers_a_name_over_three_turns_and_reuses_its_cache(client: openai.OpenAI, model: str) -> None:
+    messages = [{"role": "user", "content": "My name is Aria. Remember it."}]
+    usages = []
+    for turn in ("I am a blacksmith.", "What is my name?"):
+        reply = client.chat.completions.create(model=model, messages=messages, max_tokens=24,
+                                               extra_headers={"X-Session-Id": "aria-http"}, **GREEDY)
+        usages.append(reply.usage)
+        messages += [{"role": "assistant", "content": reply.choices[0].message.content}, {"role": "user", "content": turn}]
+    last = client.chat.completions.create(model=model, messages=messages, max_tokens=20, user="aria-http", **GREEDY)
+    assert "Aria" in last.choices[0].message.content
+    # The client resent the whole conversation; all of it but the new message came from the cache.
+    assert last.usage.prompt_tokens_details.cached_tokens >= usages[-1].prompt_tokens + usages[-1].completion_tokens - 2
+    assert usages[-1].prompt_tokens_details.cached_tokens >= usages[0].prompt_tokens
+
+
+def test_a_session_named_in_any_script_works(client: openai.OpenAI, model: str) -> None:
+    """Regression: the session id was echoed in a response header, which cannot carry non-ASCII (500)."""
+    reply = client.chat.completions.create(model=model, messages=ask("Hi"), max_tokens=2, user="Brünhild-\U000e3e71")
+    assert reply.choices[0].message.content is not None
+
+
+def test_an_edited_history_restarts_the_session_from_the_client_s_conversation(client: openai.OpenAI, model: str) -> None:
+    session = {"X-Session-Id": "editor"}
+    first = client.chat.completions.create(model=model, messages=ask("My name is Brom."), max_tokens=8,
+                                           extra_headers=session, **GREEDY)
+    edited = ask("My name is Brom.") + [{"role": "assistant", "content": "Hello Brom, nice to meet you!"},
+                                         {"role": "user", "content": "What is my name?"}]
+    reply = client.chat.completions.create(model=model, messages=edited, max_tokens=12, extra_headers=session, **GREEDY)
+    assert reply.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens - 4  # the shared start
+    single = client.chat.completions.create(model=model, messages=edited, max_tokens=12, **GREEDY)
+    assert reply.choices[0].message.content == single.choices[0].message.content
+
+
+def test_a_json_schema_reply_validates(client: openai.OpenAI, model: str) -> None:
+    schema = {"type": "object", "additionalProperties": False, "required": ["action", "line"],
+              "properties": {"action": {"type": "string", "enum": ["attack", "flee", "trade"]},
+                             "line": {"type": "string", "maxLength": 60}}}
+    reply = client.chat.completions.create(
+        model=model, messages=ask("A bandit blocks the road. What do you do?"), max_tokens=80, **GREEDY,
+        response_format={"type": "json_schema", "json_schema": {"name": "npc_action", "schema": schema}},
+    )
+    jsonschema.validate(json.loads(reply.choices[0].message.content), schema)
+    obj = client.chat.completions.create(model=model, messages=ask('Reply with JSON like {"name": "Brom"}.'),
+                                         max_tokens=200, response_format={"type": "json_object"}, **GREEDY)
+    assert obj.choices[0].finish_reason == "stop", obj.choices[0].message.content
+    assert isinstance(json.loads(obj.choices[0].message.content), dict)
+
+
+def test_penalties_and_seed_are_honoured(client: openai.OpenAI, model: str) -> None:
+    kwargs = dict(model=model, messages=ask("Say anything."), max_tokens=16, temperature=0.9, seed=42)
+    a = client.chat.completions.create(**kwargs, frequency_penalty=1.5, presence_penalty=1.0)
+    b = client.chat.completions.create(**kwargs, frequency_penalty=1.5, presence_penalty=1.0)
+    assert a.choices[0].message.content == b.choices[0].message.content  # same seed, same text
+    plain = client.chat.completions.create(model=model, messages=ask("Count: one one one one"), max_tokens=24, **GREEDY)
+    penalized = client.chat.completions.create(model=model, messages=ask("Count: one one one one"), max_tokens=24,
+                                               frequency_penalty=2.0, **GREEDY)
+    assert plain.choices[0].message.content != penalized.choices[0].message.content
+
+
+def test_a_wrong_token_is_401(base: str, model: str) -> None:
+    with openai.OpenAI(base_url=base + "/v1", api_key="not-the-token-at-all", max_retries=0) as wrong:
+        with pytest.raises(openai.AuthenticationError) as e:
+            wrong.chat.completions.create(model=model, messages=ask("Hi"), max_tokens=2)
+    assert e.value.status_code == 401 and e.value.code == "invalid_api_key"
+    assert httpx.get(base + "/v1/models").status_code == 401
+    assert httpx.get(base + "/health").json() == {"status": "ok"}  # open: launchers poll it first
+
+
+def test_n_other_than_1_is_a_clear_400(client: openai.OpenAI, model: str) -> None:
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=model, messages=ask("Hi"), max_tokens=2, n=2)
+    assert "n must be 1" in e.value.message
+    with pytest.raises(openai.BadRequestError, match="logit_bias"):
+        client.chat.completions.create(model=model, messages=ask("Hi"), max_tokens=2, logit_bias={"42": 5})
+
+
+def test_a_2_mb_body_is_413(client: openai.OpenAI, model: str) -> None:
+    with pytest.raises(openai.APIStatusError) as e:
+        client.chat.completions.create(model=model, messages=ask("a" * (2 << 20)), max_tokens=2)
+    assert e.value.status_code == 413 and e.value.code == "request_too_large"
+
+
+def test_errors_have_the_statuses_of_their_grpc_codes(client: openai.OpenAI, model: str, api: RunningDaemon,
+                                                      base: str) -> None:
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="gpt-4o", messages=ask("Hi"), max_tokens=2)
+    with pytest.raises(openai.BadRequestError, match="max_tokens"):  # INVALID_ARGUMENT
+        client.chat.completions.create(model=model, messages=ask("Hi"), max_tokens=100_000)
+    with pytest.raises(openai.BadRequestError, match="--mmproj"):  # FAILED_PRECONDITION
+        client.chat.completions.create(model=model, max_tokens=2, messages=[{"role": "user", "content": [
+            {"type": "text", "text": "What is this?"}, {"type": "image_url", "image_url": {"url": "data:image/png;base64,"
+             "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSuQmCC"}}]}])
+    with pytest.raises(openai.BadRequestError, match="data: URL"):
+        client.chat.completions.create(model=model, max_tokens=2, messages=[{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}]}])
+    auth = {"Authorization": f"Bearer {api.token}"}
+    gone = httpx.delete(base + "/v1/sessions/nobody", headers=auth)
+    assert gone.status_code == 404 and gone.json()["error"]["code"] == "not_found"
+    bad = httpx.post(base + "/v1/chat/completions", content=b"{not json", headers=auth)
+    assert bad.status_code == 400 and bad.json()["error"]["type"] == "invalid_request_error"
+    assert httpx.get(base + "/v2/nothing", headers=auth).status_code == 404
+
+
+def _status(api: RunningDaemon):
+    with api.client(timeout_s=30) as c:
+        return c.status()
+
+
+def test_a_client_disconnecting_mid_stream_cancels_its_request(api: RunningDaemon, base: str) -> None:
+    body = {"prompt": LONG_PROMPT, "max_tokens": 2000, "stream": True, **GREEDY}
+    with httpx.stream("POST", base + "/v1/completions", json=body, timeout=60,
+                      headers={"Authorization": f"Bearer {api.token}"}) as r:
+        events = r.iter_lines()
+        assert next(e for e in events if e.startswith("data: "))
+        assert _status(api).throughput.requests_active == 1
+    # The connection is closed: the request must end at once, not after its 2000 tokens.
+    deadline = time.monotonic() + 5
+    while _status(api).throughput.requests_active and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _status(api).throughput.requests_active == 0
+
+
+def test_a_client_killed_while_waiting_for_a_whole_reply_cancels_it(api: RunningDaemon, base: str) -> None:
+    script = ("import sys, httpx; httpx.post(sys.argv[1] + '/v1/completions', timeout=60, "
+              "headers={'Authorization': 'Bearer ' + sys.argv[2]}, "
+              "json={'prompt': sys.argv[3], 'max_tokens': 2000, 'temperature': 0})")
+    victim = subprocess.Popen([sys.executable, "-c", script, base, api.token, LONG_PROMPT])
+    try:
+        deadline = time.monotonic() + 30
+        while _status(api).throughput.requests_active == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        generated = _status(api).throughput.tokens_generated
+        victim.kill()
+        victim.wait(10)
+        deadline = time.monotonic() + 5
+        while _status(api).throughput.requests_active and time.monotonic() < deadline:
+            time.sleep(0.05)
+        status = _status(api)
+        assert status.throughput.requests_active == 0
+        assert status.throughput.tokens_generated - generated < 1000  # far from the 2000 it asked for
+    finally:
+        if victim.poll() is None:
+            victim.kill()
+
+
+TOOLS = [
+    {"type": "function", "function": {"name": "attack", "description": "attack a target",
+                                      "parameters": {"type": "object", "additionalProperties": False, "required": ["target"],
+                                                     "properties": {"target": {"type": "string", "maxLength": 30}}}}},
+    {"type": "function", "function": {"name": "flee", "description": "run away",
+                                      "parameters": {"type": "object", "additionalProperties": False, "properties": {}}}},
+]
+
+
+def test_a_tool_call_parses_and_names_a_declared_function(client: openai.OpenAI, model: str) -> None:
+    messages = [{"role": "system", "content": "You are a town guard."}, {"role": "user", "content": "A thief runs past you!"}]
+    reply = client.chat.completions.create(model=model, messages=messages, tools=TOOLS, tool_choice="required",
+                                           max_tokens=60, **GREEDY)
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    [call] = choice.message.tool_calls
+    declared = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+    assert call.function.name in declared and call.id.startswith("call_")
+    jsonschema.validate(json.loads(call.function.arguments), declared[call.function.name])
+    named = client.chat.completions.create(model=model, messages=messages, tools=TOOLS, max_tokens=60, **GREEDY,
+                                           tool_choice={"type": "function", "function": {"name": "flee"}})
+    assert named.choices[0].message.tool_calls[0].function.name == "flee"
+
+
+def test_a_streamed_tool_call_comes_as_deltas_and_a_tool_result_continues(client: openai.OpenAI, model: str) -> None:
+    messages = [{"role": "user", "content": "An orc attacks the gate! Fight it."}]
+    stream = client.chat.completions.create(model=model, messages=messages, tools=TOOLS, tool_choice="required",
+                                            max_tokens=60, stream=True, **GREEDY)
+    chunks = [c for c in stream if c.choices]
+    calls = [d for c in chunks for d in (c.choices[0].delta.tool_calls or [])]
+    assert calls and calls[0].id and calls[0].function.name in {"attack", "flee"}
+    arguments = "".join(d.function.arguments or "" for d in calls)
+    assert isinstance(json.loads(arguments), dict) and chunks[-1].choices[0].finish_reason == "tool_calls"
+    messages += [{"role": "assistant", "content": None, "tool_calls": [{"id": calls[0].id, "type": "function",
+                  "function": {"name": calls[0].function.name, "arguments": arguments}}]},
+                 {"role": "tool", "tool_call_id": calls[0].id, "content": "The orc is defeated."}]
+    after = client.chat.completions.create(model=model, messages=messages, tools=TOOLS, tool_choice="none",
+                                           max_tokens=30, **GREEDY)
+    assert after.choices[0].finish_reason in ("stop", "length") and after.choices[0].message.content.strip()
+    auto = client.chat.completions.create(model=model, messages=messages, tools=TOOLS, max_tokens=60, **GREEDY)
+    message = auto.choices[0].message
+    assert (message.content is not None) != bool(message.tool_calls)  # words or a call, held to the grammar
