@@ -10,7 +10,9 @@ measured in the background while the engine is idle (sidecar.profiler.background
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
+import time
 from dataclasses import replace
 
 import structlog
@@ -115,6 +117,7 @@ async def _load(settings: Settings, budget, service: SidecarService):
     service.state.publish(phase="loading", reason="loading")
 
     def work():
+        _hold_for_tests()
         # A mismatched pair fails before the model is loaded.
         projector, text_model = load_projector(settings)
         inputs = load_plan_inputs(settings, text_model)
@@ -123,6 +126,17 @@ async def _load(settings: Settings, budget, service: SidecarService):
         return Engine(config), config, inputs, projector
 
     return await _in_daemon_thread(work)
+
+
+# Test hook: the load waits until this file exists, so tests can watch the phases before READY.
+HOLD_ENV = "XLM_SIDECAR_TEST_HOLD_LOAD"
+
+
+def _hold_for_tests() -> None:
+    hold = os.environ.get(HOLD_ENV)
+    deadline = time.monotonic() + 120
+    while hold and not os.path.exists(hold) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 async def _in_daemon_thread(work):

@@ -26,6 +26,7 @@ import structlog
 from sidecar.profiler.database import KernelEntry, ProfileDB, save_profile
 from sidecar.profiler.hardware import HardwareInfo
 from sidecar.profiler.kernels import ProbeInterrupted, interruptible
+from sidecar.profiler.llama_runtime import quiet_llama_logs_on_this_thread
 from sidecar.profiler.machine_load import others_busy_now
 from sidecar.profiler.plan import ProfilePlan
 from sidecar.profiler.quality import DISTURBED_CORES, step_disturbed
@@ -139,7 +140,8 @@ class BackgroundProfiler:
         _lower_this_thread_priority()
         scratch = ScratchDir()
         try:
-            self._measure(scratch)
+            with quiet_llama_logs_on_this_thread():
+                self._measure(scratch)
         except BaseException as e:  # a failed background profile leaves the plan in force
             self.error = e
             log.warning("background profile failed; keeping the plan in force", reason=f"{type(e).__name__}: {e}")
