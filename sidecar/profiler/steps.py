@@ -28,6 +28,7 @@ from sidecar.profiler.quality import DISTURBED_CORES, step_disturbed
 from sidecar.profiler.sublayers import ProbeSetup, ProbeTarget, measure_shape_type, merge_overheads
 
 GPU_FAILURES = (RuntimeError, MemoryError, OSError, NotImplementedError)
+LOAD_WINDOW_S = 0.5
 
 
 @dataclass
@@ -107,7 +108,13 @@ def profile_steps(plan: ProfilePlan, hardware: HardwareInfo) -> list[ProfileStep
 def measure_step(step: ProfileStep, setup: ProbeSetup, entries_so_far: list[KernelEntry]) -> StepResult:
     """Run one step, sampling the other processes' load over it; its entries carry that load."""
     meter = OtherLoadMeter()
+    started = time.monotonic()
     result = step.measure(setup, entries_so_far)
+    # CPU times tick in 10 ms: over a step of a few tens of milliseconds the share is noise, so
+    # the window is stretched to LOAD_WINDOW_S (the others' load goes on while we wait).
+    left = LOAD_WINDOW_S - (time.monotonic() - started)
+    if left > 0:
+        time.sleep(left)
     result.load = meter.share()
     result.entries = [replace(e, load=round(result.load, 3)) for e in result.entries]
     return result
