@@ -103,9 +103,11 @@ async def _serve(settings: Settings, lifecycle: DaemonLifecycle, ready: asyncio.
         log.info("stopping", grace_s=lifecycle.grace_s, reason=lifecycle.stop_reason)
     finally:
         if refresh is not None:
-            await refresh.stop()
+            refresh.signal_stop()  # at once: a probe must not hold cores during the grace period
         service.begin_drain()
         await transports.stop(lifecycle.grace_s if engine is not None else 0, lifecycle.hurry)
+        if refresh is not None:
+            await refresh.stop()
         if engine is not None:
             await asyncio.to_thread(engine.close)
         log.info("stopped")

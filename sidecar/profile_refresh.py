@@ -50,6 +50,10 @@ class ProfileRefresh:
         refresh.profiler.start()
         return refresh
 
+    def signal_stop(self) -> None:
+        """Tell the profiler to stop (it gives the cores back within one probe decode)."""
+        self.profiler.request_stop()
+
     async def stop(self) -> None:
         await asyncio.to_thread(self.profiler.stop)
         for task in list(self._switches):

@@ -126,6 +126,9 @@ class BackgroundProfiler:
         self._thread.start()
         return self
 
+    def request_stop(self) -> None:
+        self._stop.set()
+
     def stop(self, timeout: float = 5.0) -> None:
         self._stop.set()
         self._thread.join(timeout)
