@@ -16,7 +16,9 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         description=(
             "Measure llama.cpp's kernels and this machine's bandwidths and store them as the "
             "profile the planner estimates from. Stored under the user cache directory, named "
-            "by a fingerprint of the hardware and llama.cpp build."
+            "by a fingerprint of the hardware and llama.cpp build. A game's installer runs this "
+            "once; without it the daemon starts on built-in defaults and measures the quick "
+            "profile in the background while idle."
         ),
     )
     parser.add_argument("--quick", action="store_true", help="quick profile (under 30 s)")
