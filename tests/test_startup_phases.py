@@ -79,10 +79,9 @@ def test_listens_before_the_model_is_loaded_then_becomes_ready(held) -> None:
     assert phases[0] in (pb.ENGINE_PHASE_STARTING, pb.ENGINE_PHASE_LOADING) and phases[-1] == pb.ENGINE_PHASE_READY
     assert "".join(answer).strip()
     assert _health(daemon.address) == health_pb2.HealthCheckResponse.SERVING
-    deadline = time.monotonic() + 10
-    events = [e["event"] for e in daemon.log_lines]
-    while "ready" not in events and time.monotonic() < deadline:
-        events.append(json.loads(daemon.process.stderr.readline()).get("event"))
+    from tests.test_background_profile import _events_until
+
+    events = [e.get("event") for e in _events_until(daemon, "ready", 10)]
     assert events.index("listening") < events.index("ready")
 
 

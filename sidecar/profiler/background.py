@@ -71,7 +71,12 @@ class EngineActivity:
         if now - self._checked < CHECK_EVERY_S:
             return self._busy
         self._checked = now
-        snap = self._engine.snapshot()
+        try:
+            snap = self._engine.snapshot()
+        except RuntimeError:  # read while the engine thread changed its sessions: it is working
+            self._last_change = now
+            self._busy = True
+            return True
         t = snap.throughput
         work = t.tokens_generated + t.prompt_tokens_processed + t.requests_served
         running = snap.requests_active > 0 or snap.requests_queued > 0 or snap.phase.value != "ready"
