@@ -10,6 +10,7 @@ measured in the background while the engine is idle (sidecar.profiler.background
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import threading
 import time
@@ -116,7 +117,7 @@ async def _serve(settings: Settings, lifecycle: DaemonLifecycle, ready: asyncio.
 async def _load(settings: Settings, budget, service: SidecarService):
     """Headers, plan and model: (engine, config, plan inputs, projector). Runs in a daemon thread,
     so a stop during a long load does not wait for it."""
-    service.state.publish(phase="loading", reason="loading")
+    loop = asyncio.get_running_loop()
 
     def work():
         _hold_for_tests()
@@ -124,6 +125,7 @@ async def _load(settings: Settings, budget, service: SidecarService):
         projector, text_model = load_projector(settings)
         inputs = load_plan_inputs(settings, text_model)
         config = engine_config(settings, budget, inputs, projector)
+        loop.call_soon_threadsafe(functools.partial(service.state.publish, phase="loading", reason="loading"))
         log.info("loading model", path=str(config.model_path), budget=budget.describe())
         return Engine(config), config, inputs, projector
 
