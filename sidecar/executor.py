@@ -107,7 +107,8 @@ def engine_config(
             inputs.hardware,
             budget,
             ctx=settings.ctx * settings.parallel,
-            options=PlanOptions(n_batch=settings.batch, flash_attention=settings.flash_attention_flag),
+            options=PlanOptions(n_batch=settings.batch, flash_attention=settings.flash_attention_flag,
+                                **_default_plan_options(inputs)),
         )
         base = config_from_schedule(base, schedule, settings.threads)
     if projector is None:
@@ -118,6 +119,13 @@ def engine_config(
     # them to attend to each other both ways (Gemma 3); make room for the largest image.
     n_ubatch = max(base.n_ubatch, min(vision.cost.output_tokens, 8192))
     return replace(base, vision=encoder, n_ubatch=n_ubatch, n_batch=max(base.n_batch, n_ubatch))
+
+
+def _default_plan_options(inputs: PlanInputs) -> dict:
+    # Without measured kernels the roofline cannot tell micro-batches apart; llama.cpp's default
+    # (512, what measured plans on CPUs mostly pick) keeps the first plan's numerics those of the
+    # plan that follows once the background profile lands.
+    return {"micro_batches": (512,)} if getattr(inputs.hardware, "source", "") == "defaults" else {}
 
 
 def vision_plan(settings: Settings, budget: Budget, projector, inputs: PlanInputs | None, schedule):
