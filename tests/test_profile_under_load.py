@@ -68,7 +68,7 @@ def test_a_disturbed_profile_on_disk_is_refreshed_at_start(profiles, tmp_path: P
     from sidecar.profiler import store
 
     # The same folder the daemon will look in, from the same fingerprint.
-    target = tmp_path / "xlm-sidecar" / "profiles" / f"{store.current_fingerprint()}.json"
+    target = tmp_path / "xlm-sidecar" / "profiles" / store.profile_file_name(store.current_fingerprint())
     save_profile(busy, target)
     daemon = start_daemon("--budget", "0", env=env)
     try:

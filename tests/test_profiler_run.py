@@ -167,7 +167,7 @@ def test_ensure_profile_creates_once_then_loads(tmp_path, monkeypatch, probe_cac
     db, created = store.ensure_profile(log=Log())
     assert created and "profile_missing" in lines and "profile_saved" in lines
     path = store.default_profile_path()
-    assert path.parent == tmp_path / "profiles" and path.name == f"{db.fingerprint}.json"
+    assert path.parent == tmp_path / "profiles" and path.name == store.profile_file_name(db.fingerprint)
     again, created_again = store.ensure_profile(log=Log())
     assert not created_again and again.created_at == db.created_at
     # A profile from another schema version is replaced, not trusted.
