@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import os
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -67,19 +68,43 @@ class SidecarClient:
         self._raw_channel.close()
 
     def wait_ready(self, timeout_s: float = 30.0) -> None:
-        """Block until the daemon answers its health check as SERVING; raise grpc.RpcError if not in time."""
+        """Block until the daemon answers its health check as SERVING (it listens while it still
+        loads the model: NOT_SERVING until then); grpc.RpcError or RuntimeError if not in time."""
         health = health_pb2_grpc.HealthStub(self._channel)
-        response = health.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout_s, wait_for_ready=True)
-        if response.status != health_pb2.HealthCheckResponse.SERVING:
-            raise RuntimeError(f"daemon at {self.address} is not serving (status {response.status})")
+        deadline = time.monotonic() + timeout_s
+        while True:
+            left = max(deadline - time.monotonic(), 0.01)
+            response = health.Check(health_pb2.HealthCheckRequest(service=""), timeout=left, wait_for_ready=True)
+            if response.status == health_pb2.HealthCheckResponse.SERVING:
+                return
+            if time.monotonic() >= deadline:
+                raise RuntimeError(f"daemon at {self.address} is not serving (status {response.status})")
+            time.sleep(min(0.1, left))
 
     def generate(self, request: pb.GenerateRequest) -> Iterator[pb.GenerateChunk]:
-        """Stream the raw chunks of one generation. Closing the iterator early cancels the call."""
-        call = self._stub.Generate(request, timeout=self.timeout_s)
-        try:
-            yield from call
-        finally:
-            call.cancel()
+        """Stream the raw chunks of one generation. Closing the iterator early cancels the call.
+        While the daemon is still loading its model the call is retried when it says to."""
+        yield from self._retrying(lambda: self._stub.Generate(request, timeout=self.timeout_s))
+
+    def _retrying(self, start) -> Iterator[pb.GenerateChunk]:
+        # A daemon that listens but has not loaded its model yet answers UNAVAILABLE with a
+        # grpc-retry-pushback-ms trailer; nothing was generated, so the call is simply made again.
+        deadline = time.monotonic() + (self.timeout_s or 3600.0)
+        while True:
+            call = start()
+            started = False
+            try:
+                for chunk in call:
+                    started = True
+                    yield chunk
+                return
+            except grpc.RpcError as e:
+                wait_ms = _pushback_ms(e)
+                if started or wait_ms is None or time.monotonic() + wait_ms / 1000.0 > deadline:
+                    raise
+                time.sleep(wait_ms / 1000.0)
+            finally:
+                call.cancel()
 
     def chat(
         self,
@@ -120,11 +145,7 @@ class SidecarClient:
 
     def ask_image_stream(self, request: pb.AskImageRequest) -> Iterator[pb.GenerateChunk]:
         """Stream the raw chunks of one image question. Closing the iterator early cancels the call."""
-        call = self._stub.AskImage(request, timeout=self.timeout_s)
-        try:
-            yield from call
-        finally:
-            call.cancel()
+        yield from self._retrying(lambda: self._stub.AskImage(request, timeout=self.timeout_s))
 
     def ask_image(
         self,
@@ -209,3 +230,16 @@ class _TokenInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClient
 
     def intercept_unary_stream(self, continuation, client_call_details, request):
         return continuation(self._with_token(client_call_details), request)
+
+
+def _pushback_ms(error: grpc.RpcError) -> int | None:
+    """The daemon's retry hint (it is still starting), or None for any other failure."""
+    if error.code() != grpc.StatusCode.UNAVAILABLE:
+        return None
+    for key, value in error.trailing_metadata() or ():
+        if key == "grpc-retry-pushback-ms":
+            try:
+                return max(0, int(value))
+            except ValueError:
+                return None
+    return None

@@ -31,6 +31,18 @@ class Unavailable(SidecarError):
     """The daemon is draining or reloading and cannot take the request now; retrying later may work."""
 
 
+class NotReady(Unavailable):
+    """The daemon listens but is still getting ready (loading the model): retry after `retry_after_ms`.
+
+    Refused rather than queued: a launcher polls health or WatchState anyway, a load may still fail
+    (and a queued call would then hang until it did), and a retry hint is what gRPC's own retry
+    policies understand (the `grpc-retry-pushback-ms` trailer)."""
+
+    def __init__(self, message: str, retry_after_ms: int = 500) -> None:
+        super().__init__(message)
+        self.retry_after_ms = retry_after_ms
+
+
 class Unimplemented(SidecarError):
     """The API declares this call but this version of the daemon does not do it yet."""
 

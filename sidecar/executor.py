@@ -1,7 +1,7 @@
 """From the budget in force to what the engine runs: plan, then turn the plan into llama.cpp settings.
 
 The planner is pure; this is its shell for the daemon. At start it gets the machine's profile
-(measuring a quick one on first start) and the model's header, and for every budget it plans a
+(built-in defaults until one is measured, see sidecar.profiler.startup) and the model's header, and for every budget it plans a
 Schedule and maps it onto an EngineConfig: tensor overrides, GPU layers, KV placement, op offload,
 micro-batch, flash attention and threads per token tier.
 """
@@ -34,12 +34,18 @@ class PlanInputs:
 
     model: object  # sidecar.model_info.ModelInfo
     hardware: object  # sidecar.planner.HardwareModel
+    # sidecar.profiler.startup.StartupProfile: where `hardware` came from, and whether a profile
+    # is to be measured in the background.
+    startup: object = None
 
 
 def load_plan_inputs(settings: Settings, model=None) -> PlanInputs | None:
     """The model header (read here unless `model` already holds it: reading a GGUF header takes
     a second or two) and this machine's profile, or None when planning is off (--profile off)
-    or impossible (then the daemon runs the CPU plan and says why)."""
+    or impossible (then the daemon runs the CPU plan and says why).
+
+    Nothing is measured here: without a usable stored profile the planner gets built-in defaults
+    (cores, the model's sizes) and the daemon measures the profile in the background."""
     if settings.hardware is not None:
         return _described_inputs(settings, model)
     if settings.profile == "off":
@@ -47,15 +53,14 @@ def load_plan_inputs(settings: Settings, model=None) -> PlanInputs | None:
     try:
         from sidecar.model_info import inspect_gguf
         from sidecar.planner import hardware_from_profile
-        from sidecar.profiler import ensure_profile, load_profile
+        from sidecar.planner.default_hardware import hardware_from_facts
+        from sidecar.profiler.startup import startup_profile
 
-        if settings.profile == "auto":
-            db, created = ensure_profile(quick=True, log=log)
-            if created:
-                log.info("measured this machine once (quick profile); `xlm-sidecar profile` makes a full one")
-        else:
-            db = load_profile(Path(settings.profile))
-        return PlanInputs(model or inspect_gguf(settings.model or default_model_path()), hardware_from_profile(db))
+        start = startup_profile(settings.profile)
+        if start.measure_to is not None:
+            log.info("profile to measure in the background", reason=start.reason, path=str(start.measure_to))
+        hardware = hardware_from_profile(start.db) if start.db is not None else hardware_from_facts(start.hardware)
+        return PlanInputs(model or inspect_gguf(settings.model or default_model_path()), hardware, start)
     except Exception as e:  # a planner problem must not keep the game's NPCs silent
         log.warning("planning unavailable; running the CPU plan", reason=f"{type(e).__name__}: {e}")
         return None
@@ -124,7 +129,7 @@ def engine_config(
             budget,
             ctx=settings.ctx * settings.sequences(),
             options=PlanOptions(n_batch=settings.batch, flash_attention=settings.flash_attention_flag,
-                                kv_type=kv_type or "auto"),
+                                kv_type=kv_type or "auto", **_default_plan_options(inputs)),
         )
         base = config_from_schedule(base, schedule, settings.threads, placement_device(settings))
     if projector is None:
@@ -135,6 +140,13 @@ def engine_config(
     # them to attend to each other both ways (Gemma 3); make room for the largest image.
     n_ubatch = max(base.n_ubatch, min(vision.cost.output_tokens, 8192))
     return replace(base, vision=encoder, n_ubatch=n_ubatch, n_batch=max(base.n_batch, n_ubatch))
+
+
+def _default_plan_options(inputs: PlanInputs) -> dict:
+    # Without measured kernels the roofline cannot tell micro-batches apart; llama.cpp's default
+    # (512, what measured plans on CPUs mostly pick) keeps the first plan's numerics those of the
+    # plan that follows once the background profile lands.
+    return {"micro_batches": (512,)} if getattr(inputs.hardware, "source", "") == "defaults" else {}
 
 
 def vision_plan(settings: Settings, budget: Budget, projector, inputs: PlanInputs | None, schedule):

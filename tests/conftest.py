@@ -41,8 +41,10 @@ def start_daemon(
     env: dict[str, str] | None = None,
     token: str | None = "auto",
     program: tuple[str, ...] = (sys.executable, "-m", "sidecar"),
+    until: str = "ready",
 ) -> RunningDaemon:
-    """Start `xlm-sidecar serve --port 0 ...` and wait for its "listening" log line.
+    """Start `xlm-sidecar serve --port 0 ...` and wait for its `until` log line: "ready" (the model
+    is loaded: calls are taken at once) or "listening" (bound; still starting).
 
     The daemon gets XLM_SIDECAR_TOKEN: `token`, a fresh random one for "auto", or none for None
     (then it generates its own, unless `env` sets one). `program` runs another build of the
@@ -65,16 +67,17 @@ def start_daemon(
     while time.monotonic() < deadline:
         line = process.stderr.readline()
         if not line:
-            raise RuntimeError(f"daemon exited with {process.wait()} before listening: {lines}")
+            raise RuntimeError(f"daemon exited with {process.wait()} before {until}: {lines}")
         try:
             event = json.loads(line)
         except ValueError:
             continue
         lines.append(event)
-        if event.get("event") == "listening":
-            return RunningDaemon(process, event["address"], lines, token, event.get("ws_address"))
+        if event.get("event") == until:
+            listening = next(e for e in lines if e.get("event") == "listening")
+            return RunningDaemon(process, listening["address"], lines, token, listening.get("ws_address"))
     process.kill()
-    raise RuntimeError(f"daemon did not listen within {timeout_s} s: {lines}")
+    raise RuntimeError(f"daemon was not {until} within {timeout_s} s: {lines}")
 
 
 def stop_daemon(daemon: RunningDaemon) -> int:

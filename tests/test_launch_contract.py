@@ -97,7 +97,15 @@ def test_start_up_failures_exit_with_the_documented_code_and_one_plain_line(
 def test_listening_line_fields_are_the_documented_ones(daemon: RunningDaemon) -> None:
     rows = {cells[0].strip("`"): cells[1] for cells in _table_rows(_section("Log format"))}
     documented = set(re.findall(r"`(\w+)`", rows["listening"].split("(remote mode)")[0]))
-    documented -= {"token", "none", "null"}  # values named in the cell, not fields
+    documented -= {"token", "none", "null", "starting"}  # values named in the cell, not fields
     line = next(e for e in daemon.log_lines if e["event"] == "listening")
     assert set(line) - {"event", "level", "timestamp"} == documented
     assert {"event", "level", "timestamp"} <= set(line)
+
+
+def test_ready_line_fields_are_the_documented_ones(daemon: RunningDaemon) -> None:
+    rows = {cells[0].strip("`"): cells[1] for cells in _table_rows(_section("Log format"))}
+    documented = set(re.findall(r"`(\w+)`", rows["ready"]))
+    documented -= {"measured", "defaults", "refreshing", "off"}  # values named in the cell, not fields
+    line = next(e for e in daemon.log_lines if e["event"] == "ready")
+    assert set(line) - {"event", "level", "timestamp"} == documented

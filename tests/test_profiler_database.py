@@ -99,7 +99,7 @@ def test_other_schema_version_raises_typed_error(tmp_path, version):
 
 
 @pytest.mark.parametrize(
-    "content", [b"", b"{not json", b"[]", b'{"schema_version": 1}', gzip.compress(b"{")[:10]]
+    "content", [b"", b"{not json", b"[]", b'{"schema_version": %d}' % SCHEMA_VERSION, gzip.compress(b"{")[:10]]
 )
 def test_unreadable_file_raises_format_error(tmp_path, content):
     path = tmp_path / "p.json"

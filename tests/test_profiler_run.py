@@ -13,7 +13,7 @@ import pytest
 
 from sidecar.profiler import probe_models
 from sidecar.cli import main
-from sidecar.profiler.database import load_profile
+from sidecar.profiler.database import SCHEMA_VERSION, load_profile
 from sidecar.profiler.kernels import ProbeSession, RepeatPolicy, median_seconds
 from sidecar.profiler.plan import (
     OP_ATTENTION,
@@ -134,7 +134,7 @@ def test_cli_profile_then_show(tmp_path, monkeypatch, probe_cache, capsys):
 
     monkeypatch.setattr(plan_module, "QUICK_PLAN", tiny_plan(threads=(1,)))
     monkeypatch.setattr("sidecar.profiler.probe_models.probe_cache_dir", lambda: probe_cache)
-    monkeypatch.setattr("sidecar.profiler.runner.probe_cache_dir", lambda: probe_cache)
+    monkeypatch.setattr("sidecar.profiler.steps.probe_cache_dir", lambda: probe_cache)
     out = tmp_path / "profile.json"
     assert main(["profile", "--quick", "--out", str(out)]) == 0
     assert "wrote quick profile" in capsys.readouterr().out
@@ -155,7 +155,7 @@ def test_ensure_profile_creates_once_then_loads(tmp_path, monkeypatch, probe_cac
 
     monkeypatch.setattr(store, "QUICK_PLAN", tiny_plan(threads=(1,)))
     monkeypatch.setattr(store, "profiles_dir", lambda: tmp_path / "profiles")
-    monkeypatch.setattr("sidecar.profiler.runner.probe_cache_dir", lambda: probe_cache)
+    monkeypatch.setattr("sidecar.profiler.steps.probe_cache_dir", lambda: probe_cache)
     lines = []
 
     class Log:
@@ -167,11 +167,11 @@ def test_ensure_profile_creates_once_then_loads(tmp_path, monkeypatch, probe_cac
     db, created = store.ensure_profile(log=Log())
     assert created and "profile_missing" in lines and "profile_saved" in lines
     path = store.default_profile_path()
-    assert path.parent == tmp_path / "profiles" and path.name == f"{db.fingerprint}.json"
+    assert path.parent == tmp_path / "profiles" and path.name == store.profile_file_name(db.fingerprint)
     again, created_again = store.ensure_profile(log=Log())
     assert not created_again and again.created_at == db.created_at
     # A profile from another schema version is replaced, not trusted.
-    path.write_text(path.read_text().replace('"schema_version":1', '"schema_version":99'))
+    path.write_text(path.read_text().replace(f'"schema_version":{SCHEMA_VERSION}', '"schema_version":99'))
     _, recreated = store.ensure_profile(log=Log())
     assert recreated and "profile_unusable" in lines
 

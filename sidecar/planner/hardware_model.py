@@ -15,7 +15,9 @@ from functools import cached_property
 from typing import Any
 
 from sidecar.budget import parse_size
+from sidecar.planner.disturbed import cap_disturbed, quiet_ratios
 from sidecar.profiler.database import KernelEntry, ProfileDB
+from sidecar.profiler.quality import entry_disturbed
 
 GB = 1e9
 GIB = 1 << 30
@@ -56,6 +58,8 @@ class KernelPoint:
     seconds: float
     weight_bytes: float
     flops: float
+    # Measured while other processes held part of the cores (sidecar.profiler.quality).
+    disturbed: bool = False
 
 
 @dataclass(frozen=True)
@@ -67,6 +71,7 @@ class OverheadPoint:
     batch: int
     threads: int
     seconds: float
+    disturbed: bool = False
 
 
 @dataclass(frozen=True)
@@ -173,15 +178,22 @@ def _device(label: str) -> str:
     return "cpu" if label == "cpu" else "gpu"
 
 
-def _kernel_points(entries: tuple[KernelEntry, ...], gpu_label: str | None) -> tuple[list[KernelPoint], int]:
-    groups: dict[tuple, list[KernelPoint]] = defaultdict(list)
+def _kernel_points(entries: tuple[KernelEntry, ...], gpu_label: str | None,
+                   logical_cores: int = 1) -> tuple[list[KernelPoint], int, int]:
+    """(points, figures adjusted to be monotone in batch, disturbed figures capped)."""
+    raw: list[KernelPoint] = []
     for e in entries:
         if e.op not in ("attn_qkvo", "ffn", "moe_experts") or e.seconds <= 0:
             continue
         if e.device != "cpu" and e.device != gpu_label:
             continue
-        p = KernelPoint(e.op, _device(e.device), e.shape, e.weight_type, e.batch, e.threads,
-                        e.condition != "idle", e.seconds, float(e.weight_bytes), e.flops)
+        raw.append(KernelPoint(e.op, _device(e.device), e.shape, e.weight_type, e.batch, e.threads,
+                               e.condition != "idle", e.seconds, float(e.weight_bytes), e.flops,
+                               entry_disturbed(e.load, e.threads, logical_cores)))
+    capped_points, capped = cap_disturbed(raw, ("op", "device", "shape", "weight_type", "batch", "busy"),
+                                          quiet_ratios(raw))
+    groups: dict[tuple, list[KernelPoint]] = defaultdict(list)
+    for p in capped_points:
         groups[(p.op, p.device, p.shape, p.weight_type, p.threads, p.busy)].append(p)
     points: list[KernelPoint] = []
     changed = 0
@@ -189,19 +201,29 @@ def _kernel_points(entries: tuple[KernelEntry, ...], gpu_label: str | None) -> t
         cleaned, n = clean_series(series)
         points += cleaned
         changed += n
-    return points, changed
+    return points, changed, capped
 
 
-def _overhead_points(entries: tuple[KernelEntry, ...], gpu_label: str | None) -> list[OverheadPoint]:
+def _overhead_points(entries: tuple[KernelEntry, ...], gpu_label: str | None,
+                     logical_cores: int = 1) -> list[OverheadPoint]:
     # The skeleton's cost does not depend on the weight type, so the median over types is the
     # figure, robust to one noisy probe.
     samples: dict[tuple[str, str, int, int], list[float]] = defaultdict(list)
+    disturbed: set[tuple[str, str, int, int]] = set()
     for e in entries:
         kind = {"layer_overhead": "layer", "graph_overhead": "graph"}.get(e.op)
         if kind is None or e.condition != "idle" or (e.device != "cpu" and e.device != gpu_label):
             continue
-        samples[(kind, _device(e.device), e.batch, e.threads)].append(e.seconds)
-    return [OverheadPoint(k, d, b, t, max(0.0, statistics.median(v))) for (k, d, b, t), v in sorted(samples.items())]
+        key = (kind, _device(e.device), e.batch, e.threads)
+        samples[key].append(e.seconds)
+        if entry_disturbed(e.load, e.threads, logical_cores):
+            disturbed.add(key)
+    points = [OverheadPoint(k, d, b, t, max(0.0, statistics.median(v)), (k, d, b, t) in disturbed)
+              for (k, d, b, t), v in sorted(samples.items())]
+    # Overheads are barriers and launches: more threads do not make them cheaper, but a disturbed
+    # figure may not make them dearer than the fewer-thread one either.
+    capped, _ = cap_disturbed(points, ("kind", "device", "batch"), scale_with_threads=False)
+    return sorted(capped, key=lambda p: (p.kind, p.device, p.batch, p.threads))
 
 
 def hardware_from_profile(db: ProfileDB) -> HardwareModel:
@@ -221,9 +243,12 @@ def hardware_from_profile(db: ProfileDB) -> HardwareModel:
     gpu_label = gpu_devices[0].name.lower() if gpu_devices else None
     if len(gpu_devices) > 1:
         notes.append(f"{len(gpu_devices)} GPUs profiled; planning for the first, {gpu_devices[0].name}")
-    points, changed = _kernel_points(db.entries, gpu_label)
+    points, changed, capped = _kernel_points(db.entries, gpu_label, hw.logical_cores)
     if changed:
         notes.append(f"{changed} kernel figures adjusted to be monotone in batch (noisy profile)")
+    if capped:
+        notes.append(f"{capped} multi-threaded kernel figures measured under load capped by their "
+                     "fewer-thread figures (they may not make fewer threads look faster)")
     dram_by_threads = {b.threads: b.gbps for b in db.bandwidths if b.kind == "dram_read" and b.device == "cpu"}
     dram = db.dram_read_gbps() or DEFAULT_GBPS_PER_CORE * hw.physical_cores
     per_core = dram_by_threads.get(1, dram / max(hw.physical_cores, 1))
@@ -248,7 +273,7 @@ def hardware_from_profile(db: ProfileDB) -> HardwareModel:
     return HardwareModel(
         name=hw.cpu_model if gpu is None else f"{hw.cpu_model} + {gpu.name}",
         source=f"profile:{db.fingerprint}", cpu=cpu, gpu=gpu, kernels=tuple(points),
-        overheads=tuple(_overhead_points(db.entries, gpu_label)), notes=tuple(notes),
+        overheads=tuple(_overhead_points(db.entries, gpu_label, hw.logical_cores)), notes=tuple(notes),
     )
 
 

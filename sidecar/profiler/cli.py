@@ -16,7 +16,9 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         description=(
             "Measure llama.cpp's kernels and this machine's bandwidths and store them as the "
             "profile the planner estimates from. Stored under the user cache directory, named "
-            "by a fingerprint of the hardware and llama.cpp build."
+            "by a fingerprint of the hardware and llama.cpp build. A game's installer runs this "
+            "once; without it the daemon starts on built-in defaults and measures the quick "
+            "profile in the background while idle."
         ),
     )
     parser.add_argument("--quick", action="store_true", help="quick profile (under 30 s)")
@@ -42,7 +44,7 @@ def run_profile_command(args: argparse.Namespace) -> int:
 
     from sidecar.profiler.database import ProfileError, load_profile, save_profile
     from sidecar.profiler.hardware import discover_hardware
-    from sidecar.profiler.store import current_fingerprint, profiles_dir
+    from sidecar.profiler.store import current_fingerprint, profile_file_name, profiles_dir
 
     err = Console(stderr=True)
     if args.show is not None:
@@ -50,7 +52,7 @@ def run_profile_command(args: argparse.Namespace) -> int:
 
         path = Path(args.show) if args.show != _DEFAULT else args.out
         if path is None:
-            path = profiles_dir() / f"{current_fingerprint()}.json"
+            path = profiles_dir() / profile_file_name(current_fingerprint())
         try:
             render_profile(load_profile(path))
         except FileNotFoundError:
@@ -63,7 +65,7 @@ def run_profile_command(args: argparse.Namespace) -> int:
 
     hardware = discover_hardware()
     fingerprint = current_fingerprint(hardware)
-    target = args.out or profiles_dir() / f"{fingerprint}.json"
+    target = args.out or profiles_dir() / profile_file_name(fingerprint)
     if not args.force and target.exists():
         try:
             existing = load_profile(target)

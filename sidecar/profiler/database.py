@@ -21,7 +21,9 @@ from sidecar.profiler.hardware import GpuInfo, HardwareInfo
 from sidecar.profiler.plan import ProbeShape
 
 # Bump when a field changes meaning or disappears; readers refuse other versions.
-SCHEMA_VERSION = 1
+# 2: kernel seconds are the fastest of repeated trials (was the median), with `spread` and the
+# step's `load` per entry; a version-1 profile is measured again.
+SCHEMA_VERSION = 2
 
 
 class ProfileError(Exception):
@@ -52,6 +54,9 @@ class KernelEntry:
     `moe_experts` router and routed experts. `weight_bytes` is what the op's weights occupy
     (for MoE, the experts the batch is expected to touch), `flops` its matrix products.
     `condition` is "idle", or "h2d_busy" when measured while host-to-device copies ran.
+    `seconds` is the fastest of repeated trials (other load only ever slows a kernel down);
+    `spread` says how far the median trial was above it, `load` how busy other processes kept
+    the CPUs meanwhile (see sidecar.profiler.quality).
 
     Two ops are not matrix products: `layer_overhead` (per layer: norms, RoPE, residuals,
     launch and thread sync of a layer's ops) and `graph_overhead` (per forward pass:
@@ -73,6 +78,10 @@ class KernelEntry:
     weight_bytes: int
     flops: float
     depth: int
+    # (median - fastest) / fastest of the trials behind `seconds`: how noisy the point was.
+    spread: float = 0.0
+    # Share of all CPUs other processes kept busy while the step that measured it ran.
+    load: float = 0.0
 
     @property
     def gflops(self) -> float:
@@ -193,7 +202,7 @@ def _round(value: float) -> float:
 
 
 _ENTRY_COLUMNS = [f.name for f in fields(KernelEntry)]
-_FLOAT_COLUMNS = {"seconds", "overhead_seconds", "flops"}
+_FLOAT_COLUMNS = {"seconds", "overhead_seconds", "flops", "spread", "load"}
 
 
 def profile_to_dict(db: ProfileDB) -> dict[str, Any]:

@@ -1,14 +1,19 @@
 """Timing probe models through llama.cpp's own forward pass (`llama_decode`).
 
 Every figure is the wall time of one `llama_decode` of `batch` new tokens on an empty KV
-cache, synchronised, with the median of several runs kept. The same code times CPU and GPU
+cache, synchronised: the fastest of several short trials, with their spread recorded. Another
+process can only ever slow a trial down, so the fastest is the figure contention cannot bake in,
+and a wide spread shows that something interfered. The same code times CPU and GPU
 placements: only the model's load parameters differ.
 """
 
 from __future__ import annotations
 
 import statistics
+import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,6 +21,24 @@ from sidecar.profiler.llama_runtime import ensure_backend
 
 LLAMA_SPLIT_MODE_NONE = 0
 ALL_LAYERS = 999
+
+_interrupt = threading.local()
+
+
+class ProbeInterrupted(Exception):
+    """A sliced run was told to stop (the daemon got work): the step's figures are thrown away."""
+
+
+@contextmanager
+def interruptible(should_stop: Callable[[], bool]) -> Iterator[None]:
+    """Every probe decode on this thread first asks `should_stop`, and raises ProbeInterrupted
+    when it says so: a background profile gives the cores back within one decode."""
+    previous = getattr(_interrupt, "check", None)
+    _interrupt.check = should_stop
+    try:
+        yield
+    finally:
+        _interrupt.check = previous
 
 
 @dataclass(frozen=True)
@@ -86,6 +109,9 @@ class ProbeSession:
         """Wall seconds of one forward pass over `n_tokens` new tokens from an empty cache."""
         if not 1 <= n_tokens <= self._max_batch:
             raise ValueError(f"batch {n_tokens} outside 1..{self._max_batch}")
+        check = getattr(_interrupt, "check", None)
+        if check is not None and check():
+            raise ProbeInterrupted("probe interrupted")
         llama = self._llama
         llama.llama_memory_clear(self._memory, True)
         self._batch.n_tokens = n_tokens
@@ -113,8 +139,7 @@ class ProbeSession:
         self.close()
 
 
-def median_seconds(session: ProbeSession, batch: int, policy: RepeatPolicy) -> float:
-    """Median wall time of repeated decodes of `batch` tokens, following `policy`."""
+def _samples(session: ProbeSession, batch: int, policy: RepeatPolicy) -> list[float]:
     first = session.decode_seconds(batch)
     samples = [] if first < policy.seconds_per_point / 4 else [first]
     min_repeats = policy.min_repeats if not samples else 1
@@ -122,7 +147,20 @@ def median_seconds(session: ProbeSession, batch: int, policy: RepeatPolicy) -> f
         len(samples) >= min_repeats and sum(samples) >= policy.seconds_per_point
     ):
         samples.append(session.decode_seconds(batch))
-    return statistics.median(samples)
+    return samples
+
+
+def median_seconds(session: ProbeSession, batch: int, policy: RepeatPolicy) -> float:
+    """Median wall time of repeated decodes of `batch` tokens, following `policy` (for ratios
+    of two conditions measured side by side, where both medians see the same noise)."""
+    return statistics.median(_samples(session, batch, policy))
+
+
+def fastest_seconds(session: ProbeSession, batch: int, policy: RepeatPolicy) -> tuple[float, float]:
+    """(fastest, spread) of repeated decodes of `batch` tokens: spread = (median - fastest) / fastest."""
+    samples = _samples(session, batch, policy)
+    fastest = min(samples)
+    return fastest, (statistics.median(samples) - fastest) / fastest if fastest > 0 else 0.0
 
 
 # More threads taking this many times as long as fewer threads is not the kernel: it is
@@ -151,7 +189,7 @@ def _recheck_contended(
                 time.sleep(CONTENTION_PAUSE_S)
                 session.set_threads(t)
                 session.decode_seconds(1)
-                results[(b, t)] = min(results[(b, t)], median_seconds(session, b, policy))
+                results[(b, t)] = min(results[(b, t)], fastest_seconds(session, b, policy)[0])
                 tries += 1
             rechecked += tries > 0
     return rechecked
@@ -163,8 +201,10 @@ def time_probe(
     threads: tuple[int, ...],
     policy: RepeatPolicy,
     gpu_index: int | None = None,
+    spreads: dict[tuple[int, int], float] | None = None,
 ) -> dict[tuple[int, int], float]:
-    """Median seconds per (batch, threads) for one probe file.
+    """Fastest seconds per (batch, threads) for one probe file; each point's spread goes into
+    `spreads` when given.
 
     Each thread count starts with an untimed batch-1 decode, which pages the weights in
     and starts ggml's thread pool, so the first timed point does not pay for either.
@@ -178,6 +218,8 @@ def time_probe(
             session.set_threads(t)
             session.decode_seconds(1)
             for b in batches:
-                results[(b, t)] = median_seconds(session, b, policy)
+                results[(b, t)], spread = fastest_seconds(session, b, policy)
+                if spreads is not None:
+                    spreads[(b, t)] = max(spreads.get((b, t), 0.0), round(spread, 4))
         _recheck_contended(session, results, batches, threads, policy)
     return results

@@ -48,3 +48,32 @@ def quiet_llama_logs() -> Iterator[list[str]]:
         yield errors
     finally:
         llama_cpp.llama_log_set(previous_cb, previous_ud)
+
+
+@contextmanager
+def quiet_llama_logs_on_this_thread() -> Iterator[list[str]]:
+    """Like quiet_llama_logs, but only for lines logged from the calling thread: the daemon's
+    background profile loads probe models beside the engine, whose own lines (and the captures
+    it reads buffer sizes from) must keep reaching its callback."""
+    import llama_cpp
+
+    errors: list[str] = []
+    me = threading.get_ident()
+    previous_cb = llama_cpp.llama_log_callback()
+    previous_ud = ctypes.c_void_p()
+    llama_cpp.llama_log_get(ctypes.byref(previous_cb), ctypes.byref(previous_ud))
+
+    def route(level: int, text: bytes, user: ctypes.c_void_p) -> None:
+        if threading.get_ident() != me:
+            if previous_cb:
+                previous_cb(level, text, user)
+            return
+        if level == _LOG_LEVEL_ERROR and text:
+            errors.append(text.decode(errors="replace").rstrip())
+
+    callback = llama_cpp.llama_log_callback(route)
+    llama_cpp.llama_log_set(callback, previous_ud)
+    try:
+        yield errors
+    finally:
+        llama_cpp.llama_log_set(previous_cb, previous_ud)

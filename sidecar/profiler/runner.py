@@ -1,45 +1,41 @@
-"""Runs a profile plan: every (shape, weight type) on every device, then bandwidths and,
-with a GPU, copies alone and overlapping CPU work. See sublayers for how entries are derived.
+"""Runs a profile plan in one go (the install-time `xlm-sidecar profile`): every step of
+sidecar.profiler.steps, then the steps measured under load once more when the machine is quiet.
+Also the GPU steps' measurements: copies alone and overlapping CPU work.
 """
 
 from __future__ import annotations
 
-import tempfile
 import time
 from dataclasses import replace
-from datetime import datetime, timezone
 from pathlib import Path
 
-from sidecar.profiler.bandwidth import dram_read_from_entries, measure_memcpy
-from sidecar.profiler.busy import measure_overlap
-from sidecar.profiler.database import SCHEMA_VERSION, BandwidthEntry, KernelEntry, ProfileDB
-from sidecar.profiler.fingerprint import fingerprint_of, llama_build_info
 from sidecar.ggml_devices import GgmlDevice
+from sidecar.profiler.busy import measure_overlap
+from sidecar.profiler.database import BandwidthEntry, KernelEntry, ProfileDB
 from sidecar.profiler.hardware import HardwareInfo, discover_hardware
-from sidecar.profiler.kernels import ProbeSession, RepeatPolicy
+from sidecar.profiler.kernels import ProbeSession
 from sidecar.profiler.llama_runtime import quiet_llama_logs
-from sidecar.profiler.machine_load import OtherLoadMeter
-from sidecar.profiler.plan import OP_FFN, QUICK_PLAN, ProbeShape, ProfilePlan, thread_counts
-from sidecar.profiler.probe_models import (
-    SKELETON,
-    deep_probe,
-    drop_f16_source,
-    one_layer_probe,
-    probe_cache_dir,
-    probe_weights,
-)
+from sidecar.profiler.plan import OP_FFN, QUICK_PLAN, ProbeShape, ProfilePlan
+from sidecar.profiler.probe_models import deep_probe, one_layer_probe, probe_weights
 from sidecar.profiler.progress import ProgressReporter, SilentProgress
-from sidecar.profiler.sublayers import (
-    ProbeSetup,
-    ProbeTarget,
-    measure_shape_type,
-    merge_overheads,
-    probe_depth,
+from sidecar.profiler.quality import step_disturbed
+from sidecar.profiler.steps import (
+    ScratchDir,
+    StepResult,
+    assemble_profile,
+    drop_sources,
+    keep_fastest,
+    make_setup,
+    measure_step,
+    profile_steps,
+    wait_for_quiet,
 )
+from sidecar.profiler.sublayers import ProbeSetup, probe_depth
 from sidecar.profiler.transfers import CopyLoop, measure_h2d
 
 COPY_BYTES = 256 << 20
-GPU_FAILURES = (RuntimeError, MemoryError, OSError, NotImplementedError)
+# How long an install-time profile waits for a quiet machine before keeping marked figures.
+REMEASURE_WAIT_S = 20.0
 
 
 def measure_copies(device: GgmlDevice, nbytes: int) -> tuple[list[BandwidthEntry], list[str]]:
@@ -108,102 +104,40 @@ def run_profile(
     hardware: HardwareInfo | None = None,
     progress: ProgressReporter | None = None,
     cache_dir: Path | None = None,
+    quiet_wait_s: float = REMEASURE_WAIT_S,
 ) -> ProfileDB:
     """Measure this machine according to `plan` and return the profile (nothing is saved).
 
     On a machine where llama.cpp sees no GPU the GPU parts are skipped with a note; the CPU
-    is profiled either way.
+    is profiled either way. Steps measured while other processes loaded the CPUs are measured
+    again once the machine is quiet (waiting up to `quiet_wait_s` for it), keeping the faster
+    figure of each point; what stays disturbed is marked in the entries' `load`.
     """
     started = time.monotonic()
-    others = OtherLoadMeter()
     progress = progress or SilentProgress()
     hardware = hardware or discover_hardware()
-    llama_version, system_info = llama_build_info()
-    threads = plan.threads or thread_counts(
-        hardware.logical_cores, hardware.physical_cores, plan.mode == "quick"
-    )
-    gpus = hardware.ggml_gpus if plan.measure_gpu else ()
-    notes: list[str] = []
-    if not hardware.ggml_gpus:
-        notes.append(hardware.gpu_note or "no GPU: llama.cpp sees no GPU device (CPU-only build)")
-    elif not plan.measure_gpu:
-        notes.append("GPU figures not measured in this mode")
-    type_steps = sum(len(f.weight_types) for f in plan.families)
-    total = type_steps * (1 + len(gpus)) + 1 + len(gpus) + (1 if gpus and plan.measure_busy else 0)
-    entries: list[KernelEntry] = []
-    bandwidths: list[BandwidthEntry] = []
-    with quiet_llama_logs() as llama_errors, tempfile.TemporaryDirectory(prefix="xlm-profile-") as scratch:
-        setup = ProbeSetup(
-            plan=plan,
-            threads=threads,
-            policy=RepeatPolicy(plan.seconds_per_point, plan.min_repeats, plan.max_repeats),
-            cache_dir=cache_dir or probe_cache_dir(),
-            scratch=Path(scratch),
-            quantize_threads=hardware.logical_cores,
-        )
-        progress.start(total, f"{plan.mode} profile")
-        targets = [ProbeTarget("cpu")] + [ProbeTarget(g.name.lower(), i) for i, g in enumerate(gpus)]
-        for family in plan.families:
-            for weight_type in family.weight_types:
-                for target in targets:
-                    where = "" if target.gpu_ordinal is None else f" on {target.label}"
-                    progress.step(f"{family.shape.name} {weight_type}{where}")
-                    try:
-                        new, new_notes = measure_shape_type(
-                            setup, family.shape, family.ops, weight_type, target
-                        )
-                    except GPU_FAILURES as exc:
-                        if target.gpu_ordinal is None:
-                            raise
-                        # The GPU paths cannot be exercised on CPU-only test machines; a
-                        # failure there must cost the GPU figures, not the whole profile.
-                        notes.append(f"{target.label} {family.shape.name} {weight_type}: {exc}")
-                        continue
-                    entries += new
-                    notes += new_notes
-            if "F16" not in family.weight_types:
-                for kind in (*family.ops, SKELETON):
-                    drop_f16_source(family.shape, kind, setup.cache_dir)
-        progress.step("memory bandwidth")
-        bandwidths += dram_read_from_entries(entries)
-        bandwidths.append(measure_memcpy(plan.memcpy_bytes))
-        for gpu in gpus:
-            progress.step(f"copies to {gpu.name}")
-            figures, copy_notes = measure_copies(gpu, COPY_BYTES)
-            bandwidths += figures
-            notes += copy_notes
-        if gpus and plan.measure_busy:
-            progress.step("copies and CPU kernels overlapping")
-            family = plan.families[0]
-            weight_type = "Q4_0" if "Q4_0" in family.weight_types else family.weight_types[0]
-            try:
-                busy_bw, busy_entries = measure_busy_figures(
-                    setup, family.shape, weight_type, gpus[0], entries
-                )
-                bandwidths += busy_bw
-                entries += busy_entries
-            except GPU_FAILURES as exc:
-                notes.append(f"overlap figures not measured: {exc}")
-        progress.finish()
-    contention = others.share()
-    if contention > 0.1:
-        notes.append(
-            f"other processes kept {contention:.0%} of the CPUs busy while profiling: "
-            "CPU figures are pessimistic; profile again on an idle machine"
-        )
-    notes += [f"llama.cpp error: {line}" for line in llama_errors[:5]]
-    return ProfileDB(
-        schema_version=SCHEMA_VERSION,
-        fingerprint=fingerprint_of(hardware, llama_version, system_info),
-        mode=plan.mode,
-        created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        duration_s=time.monotonic() - started,
-        contention=contention,
-        llama_cpp_version=llama_version,
-        system_info=system_info,
-        hardware=hardware,
-        shapes=tuple(f.shape for f in plan.families),
-        entries=tuple(merge_overheads(entries)),
-        bandwidths=tuple(bandwidths),
-        notes=tuple(notes),
-    )
+    steps = profile_steps(plan, hardware)
+    scratch = ScratchDir()
+    setup = make_setup(plan, hardware, scratch.path, cache_dir)
+    results: list[StepResult] = []
+    try:
+        with quiet_llama_logs() as llama_errors:
+            progress.start(len(steps), f"{plan.mode} profile")
+            entries: list[KernelEntry] = []
+            for step in steps:
+                progress.step(step.label)
+                result = measure_step(step, setup, entries)
+                results.append(result)
+                entries += result.entries
+            again = [i for i, r in enumerate(results) if step_disturbed(r.load, hardware.logical_cores)]
+            for i in again:
+                if not wait_for_quiet(hardware.logical_cores, quiet_wait_s):
+                    break  # still busy: keep the marked figures rather than wait for ever
+                progress.step(f"{steps[i].label} (again: measured under load)")
+                results[i] = keep_fastest(results[i], measure_step(steps[i], setup, entries))
+            progress.finish()
+        drop_sources(plan, setup.cache_dir)
+    finally:
+        scratch.close()
+    notes = [f"llama.cpp error: {line}" for line in llama_errors[:5]]
+    return assemble_profile(plan, hardware, results, time.monotonic() - started, notes)

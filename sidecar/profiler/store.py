@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from sidecar.profiler.database import ProfileDB, ProfileError, load_profile, save_profile
+from sidecar.profiler.database import SCHEMA_VERSION, ProfileDB, ProfileError, load_profile, save_profile
 from sidecar.profiler.fingerprint import fingerprint_of, llama_build_info
 from sidecar.profiler.hardware import HardwareInfo, discover_hardware
 from sidecar.profiler.plan import FULL_PLAN, QUICK_PLAN
@@ -28,10 +28,16 @@ def current_fingerprint(hardware: HardwareInfo | None = None) -> str:
 def default_profile_path(hardware: HardwareInfo | None = None) -> Path:
     """Where the profile for this machine and llama.cpp build is stored.
 
-    <user cache dir>/xlm-sidecar/profiles/<fingerprint>.json: a new driver, CPU or llama.cpp
+    <user cache dir>/xlm-sidecar/profiles/<fingerprint>.v<schema>.json: a new driver, CPU or llama.cpp
     build gives a new fingerprint, so an old profile is simply not found.
     """
-    return profiles_dir() / f"{current_fingerprint(hardware)}.json"
+    return profiles_dir() / profile_file_name(current_fingerprint(hardware))
+
+
+def profile_file_name(fingerprint: str) -> str:
+    """<fingerprint>.json for schema 1; later schemas add their version, so builds of two schema
+    versions on one machine each keep their own profile instead of re-measuring over the other's."""
+    return f"{fingerprint}.json" if SCHEMA_VERSION == 1 else f"{fingerprint}.v{SCHEMA_VERSION}.json"
 
 
 def ensure_profile(

@@ -65,6 +65,8 @@ class _ProbeTimer:
         self.deep_target = GPU_DEEP_TARGET_BYTES if on_gpu else plan.deep_target_bytes
         # Small sub-layers need hundreds of layers to get past a GPU's cache.
         self.max_depth = plan.max_depth * (GPU_DEPTH_FACTOR if on_gpu else 1)
+        # Worst spread of the trials behind each (batch, threads) point, over the probes timed.
+        self.spreads: dict[tuple[int, int], float] = {}
 
     def one_layer(self, kind: str) -> Path:
         s = self.setup
@@ -81,7 +83,7 @@ class _ProbeTimer:
             )
         try:
             return time_probe(
-                path, batches, self.threads, self.setup.policy, self.target.gpu_ordinal
+                path, batches, self.threads, self.setup.policy, self.target.gpu_ordinal, self.spreads
             )
         finally:
             if path != source:
@@ -124,6 +126,7 @@ def measure_shape_type(
             op=op, shape=shape.name, weight_type=weight_type, rows=rows, cols=cols, batch=batch,
             threads=threads, device=target.label, condition="idle", seconds=seconds,
             overhead_seconds=overhead, weight_bytes=int(weight_bytes), flops=flops, depth=depth,
+            spread=timer.spreads.get(point, 0.0),
         )
 
     for op in ops:
@@ -177,5 +180,6 @@ def merge_overheads(entries: list[KernelEntry]) -> list[KernelEntry]:
             kept.append(e)
     for group in groups.values():
         seconds = statistics.median(e.seconds for e in group)
-        kept.append(replace(group[0], weight_type="", seconds=seconds))
+        kept.append(replace(group[0], weight_type="", seconds=seconds, load=max(e.load for e in group),
+                            spread=max(e.spread for e in group)))
     return kept

@@ -66,6 +66,8 @@ async def serve_remote(settings: Settings, lifecycle: DaemonLifecycle, ready: as
             remote_url=options.url,
             model=backend.facts.name,
         )
+        # Nothing to load in remote mode: ready as soon as it listens (the launch contract's line).
+        log.info("ready", backend="remote", model=backend.facts.name)
         if ready is not None:
             ready.set()
         try:

@@ -95,6 +95,11 @@ class BudgetControl:
         self._auto_task = asyncio.create_task(self._follow())
         return change
 
+    async def replan(self, reason: str) -> BudgetChange:
+        """Plan the budget in force again (the plan function's inputs changed: a measured machine
+        profile landed) and switch as a budget change does; automatic mode carries on."""
+        return await self._apply(self.budget.vram_bytes, None, reason=reason)
+
     def close(self) -> None:
         self._stop_auto()
 

@@ -204,6 +204,7 @@ _PHASE = {
     "ready": pb.ENGINE_PHASE_READY,
     "reloading": pb.ENGINE_PHASE_RELOADING,
     "draining": pb.ENGINE_PHASE_DRAINING,
+    "starting": pb.ENGINE_PHASE_STARTING,
 }
 
 

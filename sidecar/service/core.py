@@ -22,6 +22,7 @@ from sidecar.service import convert, tool_calls
 from sidecar.service.budget_control import BudgetControl, check_thread_cap
 from sidecar.service.collector import StreamCollector
 from sidecar.service.request_checks import check_session_id
+from sidecar.service.readiness import not_ready, profile_to_pb, starting_status
 from sidecar.service.state import DaemonState, StateHub
 
 log = structlog.get_logger("service")
@@ -40,12 +41,14 @@ class ServiceInfo:
 class SidecarService:
     """One per daemon. Must be created and used on the daemon's event loop."""
 
-    def __init__(self, engine: Engine, budget: Budget, info: ServiceInfo) -> None:
+    def __init__(self, engine: Engine | None, budget: Budget, info: ServiceInfo) -> None:
+        # None while the daemon listens but has not loaded its model: see attach_engine.
         self.engine = engine
         self.budget = budget
         self.info = info
         self.started = time.monotonic()
-        self.state = StateHub(DaemonState(phase="ready", budget=budget, reason="initial"))
+        phase = "ready" if engine is not None else "starting"
+        self.state = StateHub(DaemonState(phase=phase, budget=budget, reason="initial"))
         # Set by the daemon once the engine exists; None answers SetBudget with UNIMPLEMENTED.
         self.budget_control: BudgetControl | None = None
         self.draining = False
@@ -55,10 +58,20 @@ class SidecarService:
         self._idle = asyncio.Event()
         self._idle.set()
 
+    def attach_engine(self, engine: Engine) -> None:
+        """The model is loaded: calls that need the engine are taken from now on."""
+        self.engine = engine
+
+    def _ready_engine(self) -> Engine:
+        if self.engine is None:
+            raise not_ready(self.state.current.phase)
+        return self.engine
+
     async def generate(self, request: pb.GenerateRequest) -> AsyncIterator[pb.GenerateChunk]:
         """Stream a generation. Stopping iteration early (client gone) cancels the engine job."""
         if self.draining:
             raise Unavailable("the daemon is shutting down")
+        self._ready_engine()
         # The transports admit messages up to the largest image; everything but AskImage keeps
         # to --max-message-bytes, with the code gRPC itself gives an oversized message.
         size = request.ByteSize()
@@ -81,6 +94,7 @@ class SidecarService:
         """Answer a question about a screenshot (or, in a session, about its last one)."""
         if self.draining:
             raise Unavailable("the daemon is shutting down")
+        self._ready_engine()
         if self.engine.config.vision is None:  # before the image is even looked at
             raise FailedPrecondition("this daemon has no vision model; start it with --mmproj PROJECTOR.gguf")
         # Decoding a large PNG takes tens of milliseconds: keep it off the event loop.
@@ -140,6 +154,7 @@ class SidecarService:
         which = request.WhichOneof("vram")
         if which == "vram_size":
             vram = parse_size(request.vram_size)  # INVALID_ARGUMENT before anything else
+        self._ready_engine()
         if control is None:
             raise Unimplemented("this daemon was started without budget control")
         # Shielded: a game that asked for its VRAM back and then dropped the call (a scene load
@@ -170,13 +185,21 @@ class SidecarService:
                 unix_ms=convert.now_unix_ms(),
                 phase=convert.phase_to_pb(state.phase),
                 budget=convert.budget_to_pb(state.budget),
-                schedule=convert.schedule_to_pb(self.engine.config),
+                schedule=convert.schedule_to_pb(self.engine.config) if self.engine is not None else None,
                 reason=state.reason,
+                profile=profile_to_pb(state.profile),
             )
 
     async def get_status(self) -> pb.Status:
         self._refuse_while_draining()
-        return convert.status_to_pb(
+        if self.engine is None:
+            return starting_status(
+                phase=self.state.current.phase, budget=self.budget, version=self.info.version,
+                uptime_s=time.monotonic() - self.started, host_resident_bytes=self._process.memory_info().rss,
+                listen_addresses=list(self.info.listen_addresses), max_message_bytes=self.info.max_message_bytes,
+                max_image_bytes=self.info.max_image_bytes, profile=self.state.current.profile,
+            )
+        status = convert.status_to_pb(
             self.engine.snapshot(),
             budget=self.budget,
             version=self.info.version,
@@ -186,11 +209,14 @@ class SidecarService:
             max_message_bytes=self.info.max_message_bytes,
             max_image_bytes=self.info.max_image_bytes,
         )
+        if self.state.current.profile is not None:
+            status.profile.CopyFrom(profile_to_pb(self.state.current.profile))
+        return status
 
     async def end_session(self, request: pb.EndSessionRequest) -> pb.EndSessionResponse:
         self._refuse_while_draining()
         check_session_id(request.session_id)
-        return pb.EndSessionResponse(tokens_freed=self.engine.end_session(request.session_id))
+        return pb.EndSessionResponse(tokens_freed=self._ready_engine().end_session(request.session_id))
 
     def begin_drain(self) -> None:
         """Refuse new work; in-flight streams carry on until the transport's grace period ends."""

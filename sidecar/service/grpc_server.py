@@ -40,7 +40,9 @@ class PortInUse(Exception):
 async def _abort(context: grpc.aio.ServicerContext, error: BaseException) -> None:
     if not isinstance(error, SidecarError):
         log.exception("unexpected error in a call", exc_info=error)
-    await context.abort(status_code_for(error), str(error) or type(error).__name__)
+    retry = getattr(error, "retry_after_ms", None)  # gRFC A6: clients' retry policies honour this trailer
+    trailers = (("grpc-retry-pushback-ms", str(retry)),) if retry is not None else ()
+    await context.abort(status_code_for(error), str(error) or type(error).__name__, trailing_metadata=trailers)
 
 
 # -- the calls, from the shared table ------------------------------------------------------------
@@ -173,11 +175,13 @@ async def start_grpc_server(
     address: str,
     max_message_bytes: int,
     authenticator: Authenticator | None = None,
+    serving: bool = True,
 ) -> tuple[grpc.aio.Server, health.aio.HealthServicer, int]:
     """Bind and start. `address` is "host:port" or "unix:PATH" (made owner-only). Returns the
     server, its health servicer and the bound port (useful with port 0; 0 for a Unix socket).
 
-    Raises PortInUse when the address is taken. A Unix socket path must already be free: gRPC
+    Health answers NOT_SERVING until the caller marks it SERVING when `serving` is False (the
+    daemon listens before its model is loaded). Raises PortInUse when the address is taken. A Unix socket path must already be free: gRPC
     replaces an existing socket file silently, so the caller checks ownership (instance lock) first.
     """
     authenticator = authenticator or Authenticator(None)
@@ -197,8 +201,9 @@ async def start_grpc_server(
     if socket_path is None and port == 0 and not address.endswith(":0"):
         raise PortInUse(f"cannot listen on {address}: the port is in use")
     await server.start()
+    status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
     for name in ("", SERVICE_NAME):
-        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+        await health_servicer.set(name, status)
     return server, health_servicer, 0 if socket_path is not None else port
 
 

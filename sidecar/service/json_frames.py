@@ -170,9 +170,13 @@ def end_frame(call_id: CallId) -> str:
     return _dumps({"id": call_id, "end": True})
 
 
-def error_frame(call_id: CallId | None, code: str, message: str) -> str:
-    """`code` is a gRPC status name ("INVALID_ARGUMENT"), as status_codes.status_code_for decides."""
-    return _dumps({"id": call_id, "error": {"code": code, "message": message}})
+def error_frame(call_id: CallId | None, code: str, message: str, retry_after_ms: int | None = None) -> str:
+    """`code` is a gRPC status name ("INVALID_ARGUMENT"), as status_codes.status_code_for decides;
+    `retry_after_ms` (the daemon is still starting) becomes the error's "retryAfterMs"."""
+    error: dict[str, object] = {"code": code, "message": message}
+    if retry_after_ms is not None:
+        error["retryAfterMs"] = retry_after_ms
+    return _dumps({"id": call_id, "error": error})
 
 
 def duplicate_id_frame(call_id: CallId, message: str) -> str:

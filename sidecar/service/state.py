@@ -15,6 +15,8 @@ class DaemonState:
     phase: str
     budget: Budget
     reason: str
+    # sidecar.profiler.status.ProfileView: the machine profile and its background measurement.
+    profile: object = None
 
 
 class StateHub:

@@ -7,11 +7,11 @@ import asyncio
 from dataclasses import dataclass
 
 import grpc
-from grpc_health.v1 import health
+from grpc_health.v1 import health, health_pb2
 
 from sidecar.service.auth import Authenticator
 from sidecar.service.core import SidecarService
-from sidecar.service.grpc_server import PortInUse, start_grpc_server
+from sidecar.service.grpc_server import SERVICE_NAME, PortInUse, start_grpc_server
 from sidecar.service.openai_http import OpenAIHttpServer
 from sidecar.service.websocket_bridge import WebSocketBridge
 from sidecar.settings import Settings, format_address
@@ -65,6 +65,11 @@ class Transports:
     def addresses(self) -> tuple[str, ...]:
         return (self.address,) + tuple(a for a in (self.ws_address, self.http_address) if a)
 
+    async def set_serving(self) -> None:
+        """Health turns SERVING: the model is loaded and generation calls are taken."""
+        for name in ("", SERVICE_NAME):
+            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+
     def log_fields(self) -> dict[str, object]:
         return {"address": self.address, "ws_address": self.ws_address, "http_address": self.http_address}
 
@@ -90,14 +95,16 @@ class Transports:
         await asyncio.gather(*stopping)
 
 
-async def start_transports(core: SidecarService, settings: Settings, authenticator: Authenticator) -> Transports:
+async def start_transports(
+    core: SidecarService, settings: Settings, authenticator: Authenticator, serving: bool = True
+) -> Transports:
     """Bind and start gRPC, then the bridge. PortInUse (everything started is stopped again) when
-    either cannot listen."""
+    either cannot listen. With `serving` False health says NOT_SERVING until `set_serving`."""
     address = grpc_address(settings)
     # A screenshot may be larger than any other message: an AskImage carrying the largest image
     # accepted must get through (and be refused by size, with a message, above that).
     limit = max(settings.max_message_bytes, settings.max_image_bytes + (64 << 10))
-    server, health_servicer, port = await start_grpc_server(core, address, limit, authenticator)
+    server, health_servicer, port = await start_grpc_server(core, address, limit, authenticator, serving)
     if settings.socket is None:
         address = format_address(settings.host, port)
     ws_port = websocket_port(settings)

@@ -270,4 +270,5 @@ class _Connection:
         if not isinstance(error, SidecarError):
             log.exception("unexpected error in a call", exc_info=error)
         code = status_code_for(error).name
-        await self.outbox.put(frames.error_frame(call_id, code, str(error) or type(error).__name__))
+        retry = getattr(error, "retry_after_ms", None)
+        await self.outbox.put(frames.error_frame(call_id, code, str(error) or type(error).__name__, retry))

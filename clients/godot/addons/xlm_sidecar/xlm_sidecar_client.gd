@@ -8,7 +8,7 @@ extends Node
 ## Every ask returns an XlmCall at once. Calls made while the connection is still being set up
 ## wait and go out once it is ready; the node's _process drives the socket, so it must run.
 
-## Authenticated and ready; `status` is the daemon's GetStatus answer.
+## Authenticated and ready (the daemon's model is loaded); `status` is its GetStatus answer.
 signal connected(status: Dictionary)
 ## The connection is gone (or could not be made); every call in flight has failed.
 signal disconnected(reason: String)
@@ -42,6 +42,8 @@ const CANCEL_CONFIRM_MS := 2000
 ## Room for a screenshot of max_image_side pixels in base64 (WebSocketPeer's default is 64 KiB).
 const OUTBOUND_BUFFER_BYTES := 16 << 20
 const INBOUND_BUFFER_BYTES := 1 << 20
+## While the daemon loads its model, its status is read again this often until it is READY.
+const STATUS_POLL_MS := 250
 
 ## The daemon's WebSocket bridge: its gRPC port + 1.
 @export var url := "ws://127.0.0.1:50552"
@@ -72,6 +74,8 @@ var _calls := {}
 var _unsent: Array[Call] = []
 var _next_id := 0
 var _status_call: Call = null
+## When to ask for the status again while the daemon still loads its model (0: not waiting).
+var _status_poll_at_ms := 0
 var _sessions_begun := {}
 var _daemon: Daemon = null
 var _deadline_ms := 0
@@ -94,6 +98,10 @@ func _process(_delta: float) -> void:
 			_on_daemon_exited()
 	if not _cancel_deadlines.is_empty():
 		_end_unconfirmed_cancels(now)
+	if _status_poll_at_ms > 0 and now >= _status_poll_at_ms and state == State.READY:
+		_status_poll_at_ms = 0
+		_status_call = _new_call(Protocol.METHOD_GET_STATUS, "", {})
+		_send_call(_status_call, false)
 	if state != State.READY and state != State.DISCONNECTED and now > _deadline_ms:
 		_drop_connection(
 			Protocol.STATUS_UNAVAILABLE,
@@ -172,7 +180,11 @@ func disconnect_from_daemon() -> void:
 
 
 func is_ready() -> bool:
-	return state == State.READY
+	return state == State.READY and not _loading() and _status_call == null
+
+
+func _loading() -> bool:
+	return phase == Protocol.PHASE_STARTING or phase == Protocol.PHASE_LOADING
 
 
 ## The process id of the daemon this node launched, or -1.
@@ -368,6 +380,7 @@ func _on_daemon_exited() -> void:
 
 
 func _drop_connection(code: String, message: String) -> void:
+	_status_poll_at_ms = 0
 	state = State.DISCONNECTED
 	_retry_at_ms = 0
 	if _socket != null:
@@ -461,7 +474,12 @@ func _on_result(call: Call, result: Dictionary) -> void:
 		status_received.emit(result)
 		if call == _status_call:
 			_status_call = null
-			connected.emit(result)
+			if _loading():
+				# The daemon listens before its model is loaded: ask again until it is ready, so
+				# `connected` means the game's first line will be answered.
+				_status_poll_at_ms = Time.get_ticks_msec() + STATUS_POLL_MS
+			else:
+				connected.emit(result)
 	elif call.method == Protocol.METHOD_SET_BUDGET:
 		var budget := Protocol.read_dict(result, Protocol.FIELD_BUDGET)
 		vram_budget_bytes = Protocol.read_int64(budget, Protocol.FIELD_VRAM_BYTES)

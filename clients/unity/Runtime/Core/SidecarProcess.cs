@@ -29,6 +29,9 @@ namespace Xlm.Sidecar
             new TaskCompletionSource<JsonObject>(TaskCreationOptions.RunContinuationsAsynchronously);
         readonly TaskCompletionSource<int> exited =
             new TaskCompletionSource<int>(TaskCreationOptions.RunContinuationsAsynchronously);
+        // The daemon listens first and loads after: "ready" says the model is in and calls are taken.
+        readonly TaskCompletionSource<JsonObject> ready =
+            new TaskCompletionSource<JsonObject>(TaskCreationOptions.RunContinuationsAsynchronously);
 
         SidecarProcess(Process process, SidecarLaunchOptions options, string token, EventDispatcher dispatcher)
         {
@@ -141,6 +144,21 @@ namespace Xlm.Sidecar
                     ct.ThrowIfCancellationRequested();
                     throw new SidecarLaunchException("the daemon is listening on " + WebSocketAddress + " but GetStatus failed: " + e.Message, null, Tail(), e);
                 }
+                // Listening comes before the model is loaded (phase STARTING, then LOADING): the
+                // client is handed out once the daemon says "ready", so the game's first line is answered.
+                var gaveUpLoading = new TaskCompletionSource<bool>();
+                using (deadline.Token.Register(() => gaveUpLoading.TrySetResult(true)))
+                {
+                    var first = await Task.WhenAny(ready.Task, exited.Task, gaveUpLoading.Task).ConfigureAwait(false);
+                    if (first != ready.Task)
+                    {
+                        Client.Dispose();
+                        ct.ThrowIfCancellationRequested();
+                        if (first == exited.Task)
+                            throw ExitedEarly(exited.Task.Result);
+                        throw new SidecarLaunchException("the daemon listens but did not load its model within " + options.StartTimeout.TotalSeconds + " s", null, Tail());
+                    }
+                }
             }
         }
 
@@ -167,13 +185,15 @@ namespace Xlm.Sidecar
                 while (tail.Count > LogTailLines)
                     tail.Dequeue();
             }
-            if (!listening.Task.IsCompleted && line.StartsWith("{", StringComparison.Ordinal))
+            if (!ready.Task.IsCompleted && line.StartsWith("{", StringComparison.Ordinal))
             {
                 try
                 {
                     var json = Json.ParseObject(line);
                     if (json.GetString("event") == "listening")
                         listening.TrySetResult(json);
+                    else if (json.GetString("event") == "ready")
+                        ready.TrySetResult(json);
                 }
                 catch (FormatException)
                 {

@@ -14,6 +14,9 @@ namespace Xlm.Sidecar
         Reloading = 3,
         /// <summary>Shutting down: new calls get UNAVAILABLE.</summary>
         Draining = 4,
+        /// <summary>Listening, the model not loaded yet; Loading, then Ready follow. Calls that
+        /// generate get UNAVAILABLE with a retry hint until Ready.</summary>
+        Starting = 40,
     }
 
     public enum Placement
@@ -236,6 +239,7 @@ namespace Xlm.Sidecar
                 case "ENGINE_PHASE_READY": return EnginePhase.Ready;
                 case "ENGINE_PHASE_RELOADING": return EnginePhase.Reloading;
                 case "ENGINE_PHASE_DRAINING": return EnginePhase.Draining;
+                case "ENGINE_PHASE_STARTING": return EnginePhase.Starting;
                 default: return EnginePhase.Unspecified;
             }
         }

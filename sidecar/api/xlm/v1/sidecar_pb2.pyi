@@ -31,6 +31,15 @@ class EnginePhase(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ENGINE_PHASE_READY: _ClassVar[EnginePhase]
     ENGINE_PHASE_RELOADING: _ClassVar[EnginePhase]
     ENGINE_PHASE_DRAINING: _ClassVar[EnginePhase]
+    ENGINE_PHASE_STARTING: _ClassVar[EnginePhase]
+
+class ProfileState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PROFILE_STATE_UNSPECIFIED: _ClassVar[ProfileState]
+    PROFILE_STATE_MEASURED: _ClassVar[ProfileState]
+    PROFILE_STATE_DEFAULTS: _ClassVar[ProfileState]
+    PROFILE_STATE_REFRESHING: _ClassVar[ProfileState]
+    PROFILE_STATE_OFF: _ClassVar[ProfileState]
 
 class Placement(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -62,6 +71,12 @@ ENGINE_PHASE_LOADING: EnginePhase
 ENGINE_PHASE_READY: EnginePhase
 ENGINE_PHASE_RELOADING: EnginePhase
 ENGINE_PHASE_DRAINING: EnginePhase
+ENGINE_PHASE_STARTING: EnginePhase
+PROFILE_STATE_UNSPECIFIED: ProfileState
+PROFILE_STATE_MEASURED: ProfileState
+PROFILE_STATE_DEFAULTS: ProfileState
+PROFILE_STATE_REFRESHING: ProfileState
+PROFILE_STATE_OFF: ProfileState
 PLACEMENT_UNSPECIFIED: Placement
 PLACEMENT_FULL_GPU: Placement
 PLACEMENT_STATIC: Placement
@@ -306,23 +321,41 @@ class SetBudgetResponse(_message.Message):
     pause_ms: float
     def __init__(self, budget: _Optional[_Union[Budget, _Mapping]] = ..., schedule: _Optional[_Union[Schedule, _Mapping]] = ..., reloaded: _Optional[bool] = ..., pause_ms: _Optional[float] = ...) -> None: ...
 
+class ProfileProgress(_message.Message):
+    __slots__ = ("state", "steps_done", "steps_total", "step", "slices_discarded", "source")
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    STEPS_DONE_FIELD_NUMBER: _ClassVar[int]
+    STEPS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    SLICES_DISCARDED_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    state: ProfileState
+    steps_done: int
+    steps_total: int
+    step: str
+    slices_discarded: int
+    source: str
+    def __init__(self, state: _Optional[_Union[ProfileState, str]] = ..., steps_done: _Optional[int] = ..., steps_total: _Optional[int] = ..., step: _Optional[str] = ..., slices_discarded: _Optional[int] = ..., source: _Optional[str] = ...) -> None: ...
+
 class WatchStateRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class StateEvent(_message.Message):
-    __slots__ = ("unix_ms", "phase", "budget", "schedule", "reason")
+    __slots__ = ("unix_ms", "phase", "budget", "schedule", "reason", "profile")
     UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
     BUDGET_FIELD_NUMBER: _ClassVar[int]
     SCHEDULE_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    PROFILE_FIELD_NUMBER: _ClassVar[int]
     unix_ms: int
     phase: EnginePhase
     budget: Budget
     schedule: Schedule
     reason: str
-    def __init__(self, unix_ms: _Optional[int] = ..., phase: _Optional[_Union[EnginePhase, str]] = ..., budget: _Optional[_Union[Budget, _Mapping]] = ..., schedule: _Optional[_Union[Schedule, _Mapping]] = ..., reason: _Optional[str] = ...) -> None: ...
+    profile: ProfileProgress
+    def __init__(self, unix_ms: _Optional[int] = ..., phase: _Optional[_Union[EnginePhase, str]] = ..., budget: _Optional[_Union[Budget, _Mapping]] = ..., schedule: _Optional[_Union[Schedule, _Mapping]] = ..., reason: _Optional[str] = ..., profile: _Optional[_Union[ProfileProgress, _Mapping]] = ...) -> None: ...
 
 class TierPlan(_message.Message):
     __slots__ = ("max_tokens", "phase", "placement", "threads", "predicted_tokens_per_s", "predicted_ms_per_pass")
@@ -480,7 +513,7 @@ class Limits(_message.Message):
     def __init__(self, max_sessions: _Optional[int] = ..., context_per_session: _Optional[int] = ..., max_prompt_tokens: _Optional[int] = ..., max_tokens_per_request: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., max_image_bytes: _Optional[int] = ...) -> None: ...
 
 class Status(_message.Message):
-    __slots__ = ("version", "phase", "model", "budget", "schedule", "memory", "throughput", "sessions", "limits", "uptime_s", "listen_addresses", "vision", "prefix_cache")
+    __slots__ = ("version", "phase", "model", "budget", "schedule", "memory", "throughput", "sessions", "limits", "uptime_s", "listen_addresses", "vision", "prefix_cache", "profile")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -494,6 +527,7 @@ class Status(_message.Message):
     LISTEN_ADDRESSES_FIELD_NUMBER: _ClassVar[int]
     VISION_FIELD_NUMBER: _ClassVar[int]
     PREFIX_CACHE_FIELD_NUMBER: _ClassVar[int]
+    PROFILE_FIELD_NUMBER: _ClassVar[int]
     version: str
     phase: EnginePhase
     model: ModelInfo
@@ -507,7 +541,8 @@ class Status(_message.Message):
     listen_addresses: _containers.RepeatedScalarFieldContainer[str]
     vision: VisionStatus
     prefix_cache: PrefixCacheStatus
-    def __init__(self, version: _Optional[str] = ..., phase: _Optional[_Union[EnginePhase, str]] = ..., model: _Optional[_Union[ModelInfo, _Mapping]] = ..., budget: _Optional[_Union[Budget, _Mapping]] = ..., schedule: _Optional[_Union[Schedule, _Mapping]] = ..., memory: _Optional[_Union[MemoryUse, _Mapping]] = ..., throughput: _Optional[_Union[Throughput, _Mapping]] = ..., sessions: _Optional[_Iterable[_Union[SessionInfo, _Mapping]]] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., uptime_s: _Optional[float] = ..., listen_addresses: _Optional[_Iterable[str]] = ..., vision: _Optional[_Union[VisionStatus, _Mapping]] = ..., prefix_cache: _Optional[_Union[PrefixCacheStatus, _Mapping]] = ...) -> None: ...
+    profile: ProfileProgress
+    def __init__(self, version: _Optional[str] = ..., phase: _Optional[_Union[EnginePhase, str]] = ..., model: _Optional[_Union[ModelInfo, _Mapping]] = ..., budget: _Optional[_Union[Budget, _Mapping]] = ..., schedule: _Optional[_Union[Schedule, _Mapping]] = ..., memory: _Optional[_Union[MemoryUse, _Mapping]] = ..., throughput: _Optional[_Union[Throughput, _Mapping]] = ..., sessions: _Optional[_Iterable[_Union[SessionInfo, _Mapping]]] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., uptime_s: _Optional[float] = ..., listen_addresses: _Optional[_Iterable[str]] = ..., vision: _Optional[_Union[VisionStatus, _Mapping]] = ..., prefix_cache: _Optional[_Union[PrefixCacheStatus, _Mapping]] = ..., profile: _Optional[_Union[ProfileProgress, _Mapping]] = ...) -> None: ...
 
 class PrefixCacheStatus(_message.Message):
     __slots__ = ("max_bytes", "bytes_held", "entries", "hits", "tokens_saved", "misses", "waits")

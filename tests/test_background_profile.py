@@ -1,0 +1,109 @@
+"""The machine profile is measured in the background, never in front of a reply: real probes
+(the profiler's seconds-long tiny plan), the real engine on SmolLM2, a real daemon."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from sidecar.api import pb
+from sidecar.engine import Engine, EngineConfig, Finished, GenerationSpec, Prompt, SamplingConfig, TextDelta
+from sidecar.profiler.background import BackgroundProfiler, EngineActivity
+from sidecar.profiler.database import load_profile
+from sidecar.profiler.hardware import discover_hardware
+from sidecar.profiler.plan import tiny_plan
+from tests.conftest import start_daemon, stop_daemon
+
+GREEDY = SamplingConfig(temperature=0.0, repeat_penalty=1.0)
+
+
+def _ask(engine: Engine, text: str) -> tuple[float, Finished]:
+    """(seconds to the first token, the end) of one request."""
+    first: list[float] = []
+    done: list[object] = []
+    ended = threading.Event()
+    sent = time.monotonic()
+
+    def sink(event: object) -> None:
+        if isinstance(event, TextDelta):
+            first.append(time.monotonic() - sent) if not first else None
+        else:
+            done.append(event)
+            ended.set()
+
+    engine.submit(GenerationSpec(Prompt(text=text), max_tokens=16, sampling=GREEDY), sink)
+    assert ended.wait(120)
+    assert isinstance(done[0], Finished), done[0]
+    return first[0], done[0]
+
+
+def test_a_slice_that_overlaps_engine_work_is_thrown_away(smollm2_path, tmp_path: Path) -> None:
+    engine = Engine(EngineConfig(model_path=smollm2_path, n_ctx=512, threads_decode=2, threads_prefill=2))
+    asked: list[tuple[float, Finished]] = []
+    started = threading.Event()
+
+    def on_progress(done: int, total: int, step: str, discarded: int) -> None:
+        # The first slice has just begun: the game speaks now.
+        if step and not started.is_set():
+            started.set()
+            threading.Thread(target=lambda: asked.append(_ask(engine, "Once upon a time")), daemon=True).start()
+
+    landed: list[object] = []
+    try:
+        profiler = BackgroundProfiler(
+            tiny_plan(), discover_hardware(), tmp_path / "profile.json", EngineActivity(engine),
+            on_progress, landed.append, cache_dir=tmp_path / "probes",
+        ).start()
+        assert profiler.join(240), "the background profile never finished"
+    finally:
+        engine.close()
+    assert profiler.error is None, profiler.error
+    assert asked, "no request was made during a slice"
+    first_token_s, _ = asked[0]
+    assert profiler.discarded >= 1, "the slice the request overlapped was kept"
+    # The slice gave the cores back within a probe decode: the reply did not wait for the step.
+    assert first_token_s < 2.0, first_token_s
+    assert landed and (tmp_path / "profile.json").is_file()
+    db = load_profile(tmp_path / "profile.json")
+    assert db.entries and all(e.seconds > 0 for e in db.entries)
+
+
+def _events_until(daemon, wanted: str, timeout_s: float) -> list[dict]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if any(e.get("event") == wanted for e in daemon.log_lines):
+            return daemon.log_lines
+        line = daemon.process.stderr.readline()
+        if not line:
+            break
+        try:
+            daemon.log_lines.append(json.loads(line))
+        except ValueError:
+            continue
+    raise AssertionError(f"no {wanted!r} line within {timeout_s} s: {[e.get('event') for e in daemon.log_lines]}")
+
+
+def test_without_a_profile_the_daemon_starts_on_defaults_and_re_plans_when_measured(tmp_path: Path) -> None:
+    env = {"XDG_CACHE_HOME": str(tmp_path), "XLM_SIDECAR_BACKGROUND_PROFILE_PLAN": "tiny"}
+    daemon = start_daemon("--budget", "0", env=env)
+    try:
+        ready = next(e for e in daemon.log_lines if e["event"] == "ready")
+        assert ready["profile"] == "defaults" and ready["planned"] is True
+        with daemon.client(timeout_s=120) as client:
+            assert client.status().profile.state == pb.PROFILE_STATE_DEFAULTS
+            # Replies come at once on the default plan, while the profile waits for idle time.
+            assert "".join(client.chat("Hello!", max_tokens=8)).strip()
+            _events_until(daemon, "re-planned with the measured profile", 180)
+            status = client.status()
+            assert status.profile.state in (pb.PROFILE_STATE_MEASURED, pb.PROFILE_STATE_REFRESHING)
+            assert status.profile.source == "background"
+            assert status.profile.steps_done == status.profile.steps_total > 0
+            assert "".join(client.chat("And again.", max_tokens=8)).strip()
+        saved = next(e for e in daemon.log_lines if e["event"] == "background profile saved")
+        assert Path(saved["path"]).is_file() and Path(saved["path"]).is_relative_to(tmp_path)
+    finally:
+        stop_daemon(daemon)
