@@ -165,7 +165,8 @@ def test_during_the_grace_period_grpc_answers_unavailable_and_health_not_serving
     running = start_daemon(*ONE_THREAD, "--grace-seconds", "120", "--stream-interval-ms", "0")
     try:
         with running.client(timeout_s=120) as client:
-            thread, first, outcome = _stream_in_thread(client, pb.GenerateRequest(prompt=LONG_PROMPT, max_tokens=60))
+            request = pb.GenerateRequest(prompt=LONG_PROMPT, max_tokens=200, sampling=pb.SamplingParams(temperature=0, repeat_penalty=1.0))
+            thread, first, outcome = _stream_in_thread(client, request)  # still running at the checks below
             assert first.wait(120)
             running.process.send_signal(signal.SIGTERM)
             time.sleep(0.5)

@@ -291,3 +291,12 @@ def test_a_frame_over_the_size_limit_closes_only_that_connection(bridge_daemon: 
         assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009  # message too big
     with BridgeClient(bridge_daemon.ws_address, bridge_daemon.token) as other:
         assert status_over_bridge(other)["phase"] == "ENGINE_PHASE_READY"
+
+
+def test_chat_messages_may_be_a_plain_list(bridge: BridgeClient) -> None:
+    """Issue 17 (friction): JSON clients had to nest messages twice ({"messages": {"messages": [...]}})."""
+    messages = [{"role": "user", "content": "Say hi."}]
+    flat = bridge.call("Generate", {"messages": messages, "maxTokens": 2, "sampling": {"temperature": 0}}, call_id="flat")
+    nested = bridge.call("Generate", {"messages": {"messages": messages}, "maxTokens": 2, "sampling": {"temperature": 0}}, call_id="nested")
+    assert flat[-1] == {"id": "flat", "end": True} and nested[-1] == {"id": "nested", "end": True}
+    assert [c["chunk"].get("tokenIds") for c in flat[:-1]] == [c["chunk"].get("tokenIds") for c in nested[:-1]]

@@ -122,6 +122,10 @@ def _request(call_id: CallId, call: Call, request: object) -> Message:
         request = {}
     if not isinstance(request, dict):
         raise FrameError(call_id, InvalidArgument(f"request must be a JSON object ({call.request_type.DESCRIPTOR.name})"))
+    if call.name == "Generate" and isinstance(request.get("messages"), list):
+        # The proto nests the list ({"messages": {"messages": [...]}}: a oneof cannot hold a
+        # repeated field); a plain list is what every JSON client writes first, so it is taken too.
+        request = {**request, "messages": {"messages": request["messages"]}}
     try:
         return json_format.ParseDict(request, call.request_type(), ignore_unknown_fields=False)
     except (json_format.ParseError, ValueError, TypeError, RecursionError) as e:
