@@ -271,6 +271,7 @@ def cpu_engine_config(settings: Settings, budget: Budget) -> EngineConfig:
         max_prompt_tokens=min(settings.max_prompt_tokens, settings.ctx - 1),  # 0 stays 0: the engine's default
         max_tokens_per_request=settings.max_tokens_per_request,
         n_outputs_max=min(settings.sequences(), settings.batch),  # one logits row per sequence and pass
+        adaptive_threads=settings.adaptive_threads,
         prefix_cache_bytes=settings.prefix_cache_mb << 20,
     )
 

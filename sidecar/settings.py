@@ -40,6 +40,7 @@ class Settings(BaseSettings):
     threads: int = Field(0, ge=0, le=4096, description="CPU threads; 0 = one per physical core")
     flash_attention: Literal["auto", "on", "off"] = "auto"
     profile: str = Field("auto", description='machine profile for the planner: "auto" (measure once), "off", or a file')
+    adaptive_threads: bool = Field(True, description="step CPU threads down while passes run far slower than planned (a busy PC); off pins them")
     hardware: str | None = Field(None, description="plan for this machine description (as `plan --hardware` takes it) instead of the profile")
     # Placement device (sidecar.executor.placement_device) and ggml RPC servers (sidecar.ggml_rpc).
     device: str | None = Field(None, description="ggml device to place onto (CUDA0, Vulkan0, RPC0); default: the first GPU-type one")

@@ -67,7 +67,7 @@ def make_engine(path: Path, cache_bytes: int, n_batch: int = 256) -> Engine:
     return Engine(
         EngineConfig(
             model_path=path, n_ctx=1024, n_seq=4, n_batch=n_batch, threads_decode=2, threads_prefill=2,
-            prefix_cache_bytes=cache_bytes,
+            prefix_cache_bytes=cache_bytes, adaptive_threads=False,  # token identity across engines
         )
     )
 

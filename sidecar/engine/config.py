@@ -44,6 +44,10 @@ class EngineConfig:
     # Most tokens of one pass that ask for logits (0: n_batch). The engine asks for one per
     # sequence at most, so n_seq always suffices; the plan sizes the logits buffer from this.
     n_outputs_max: int = 0
+    # Step threads down when passes run far slower than planned (a busy CPU), and back up. Off
+    # pins every pass to its tier's threads: llama.cpp's CPU kernels round differently at other
+    # thread counts, so only then is greedy text the same whatever else the machine runs.
+    adaptive_threads: bool = True
     max_sessions: int = 64
     max_queue: int = 256
     max_prompt_tokens: int = 0  # 0: three quarters of the context, leaving room for the reply

@@ -434,7 +434,7 @@ class Engine(Reloading):
             return
         plan = plan_step(demands, self.config.n_batch)
         planned = threads_for(plan.n_tokens, self.config.tier_threads)
-        used = self._governor.threads(planned)
+        used = self._governor.threads(self.config, planned)
         self._ctx.set_threads(used)
         t0 = time.perf_counter()
         self._ctx.decode(list(plan.entries))
@@ -485,7 +485,7 @@ class Engine(Reloading):
         a = slot.active
         image: EncodedImage = a.image_spans[a.fed]
         t0 = time.perf_counter()
-        self._ctx.set_threads(self._governor.threads(threads_for(image.n_tokens, self.config.tier_threads)))
+        self._ctx.set_threads(self._governor.threads(self.config, threads_for(image.n_tokens, self.config.tier_threads)))
         self._ctx.decode_embeddings(slot.seq, len(slot.cached), image.embeddings, image.non_causal)
         slot.cached.extend([image.sentinel] * image.n_tokens)
         a.fed += image.n_tokens

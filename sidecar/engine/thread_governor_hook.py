@@ -21,8 +21,10 @@ class GovernedThreads:
         self._plan_times: tuple[tuple[int, float], ...] = ()
         self._baseline = PassBaseline()
 
-    def threads(self, planned: int) -> int:
-        return self._governor.threads(planned)
+    def threads(self, config: EngineConfig, planned: int) -> int:
+        """The threads for a pass the plan gives `planned`: capped while the CPU is busy, unless
+        `config` pins them."""
+        return self._governor.threads(planned) if config.adaptive_threads else planned
 
     def _follow(self, config: EngineConfig) -> None:
         self._config = config

@@ -28,7 +28,9 @@ async def start_http(transports, core, settings, authenticator) -> None:
     port = http_port(settings)
     if port is None:
         return
-    server = OpenAIHttpServer(core, authenticator)
+    from sidecar.default_model import default_model_path
+
+    server = OpenAIHttpServer(core, authenticator, settings.model or default_model_path(), settings.max_tokens_per_request)
     try:
         bound = await server.start(settings.host, port)
     except OSError as e:

@@ -46,18 +46,25 @@ def image_allowance(max_image_bytes: int) -> int:
 
 
 class OpenAIApi:
-    def __init__(self, core: SidecarService, authenticator: Authenticator) -> None:
+    def __init__(self, core: SidecarService, authenticator: Authenticator, model_path: Path,
+                 max_tokens_per_request: int) -> None:
+        # Built when the daemon listens, before the model is loaded (the engine comes later):
+        # the model's names come from its path, its own name once it is loaded.
         self.core = core
         self.authenticator = authenticator
-        facts = core.engine.facts
-        stem = Path(facts.path).stem
-        self.model_id = stem
-        self.model_names = {stem, Path(facts.path).name, facts.name}
+        self.model_id = Path(model_path).stem
+        self._path_names = {self.model_id, Path(model_path).name}
+        self._max_tokens = max_tokens_per_request
         self.created = int(time.time())
 
     @property
+    def model_names(self) -> set[str]:
+        engine = self.core.engine
+        return self._path_names | ({engine.facts.name} if engine is not None else set())
+
+    @property
     def body_limit(self) -> int:
-        vision = self.core.engine.config.vision is not None
+        vision = self.core.engine is not None and self.core.engine.config.vision is not None
         return MAX_TEXT_BODY_BYTES + (image_allowance(self.core.info.max_image_bytes) if vision else 0)
 
     def app(self) -> Starlette:
@@ -80,6 +87,7 @@ class OpenAIApi:
         async def guarded(request: Request) -> Response:
             try:
                 self._authorize(request)
+                self.core._ready_engine()  # UNAVAILABLE (503, with a retry hint) until loaded
                 return await endpoint(request)
             except ClientGone:
                 return Response(status_code=499)  # nobody is there to read it
@@ -221,7 +229,7 @@ class OpenAIApi:
                              "tokens_freed": reply.tokens_freed})
 
     def _max_tokens_limit(self) -> int:
-        return self.core.engine.config.max_tokens_per_request
+        return self._max_tokens
 
     @staticmethod
     def _check_text_size(raw: bytes, body: ChatCompletionRequest) -> None:
