@@ -40,9 +40,8 @@ EXCLUDED_MODULES = (
     "llm",
     "openai",
     "llama_cpp.server",
-    "uvicorn",
+    # (uvicorn and starlette serve the daemon's own OpenAI-compatible API: they stay in.)
     "fastapi",
-    "starlette",
     "sse_starlette",
     "PyInstaller",
 )
@@ -101,6 +100,8 @@ def pyinstaller_args(dist: Path, work: Path, *, with_default_model: bool) -> lis
         "--paths", str(REPO),
         # Subcommands register through importlib (sidecar.cli._register_optional): no import to follow.
         "--collect-submodules", "sidecar",
+        # uvicorn picks its loop and protocol implementations by name at run time.
+        "--collect-submodules", "uvicorn",
     ]
     for library in llama_libraries():
         args += ["--add-binary", f"{library}:llama_cpp/lib"]

@@ -139,3 +139,13 @@ def smollm2_moe_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from sidecar.testmodels import smollm2_source_path, write_smollm2_moe
 
     return write_smollm2_moe(tmp_path_factory.mktemp("moe") / "smollm2_moe.gguf", source=smollm2_source_path())
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The GPU-device tests run last: registering the RPC device is for the life of the process
+    (ggml has no way to take a device out of its registry), and every test after it would see a
+    GPU-type device where it expects this machine as it is."""
+    gpu = [i for i in items if "tests/gpu/" in i.nodeid or i.nodeid.startswith("gpu/")]
+    if gpu:
+        rest = [i for i in items if i not in gpu]
+        items[:] = rest + gpu

@@ -25,9 +25,9 @@ def test_sequences_are_what_an_eighth_of_memory_holds_between_4_and_16() -> None
 
 
 def test_sixteen_npcs_at_the_default_settings_all_start_before_any_reply_ends(daemon) -> None:
-    listening = next(e for e in daemon.log_lines if e.get("event") == "listening")
-    assert listening["parallel"] == parallel_for(0, default_model_path(), 4096)
-    if listening["parallel"] < 16:
+    ready = next(e for e in daemon.log_lines if e.get("event") == "ready")
+    assert ready["parallel"] == parallel_for(0, default_model_path(), 4096)
+    if ready["parallel"] < 16:
         pytest.skip("this machine's memory affords fewer than 16 sequences at --ctx 4096 (README: crowds)")
 
     def npc(i: int) -> pb.GenerationFinal:

@@ -76,6 +76,7 @@ def _wait_listening(process: subprocess.Popen, timeout_s: float) -> dict:
     deadline = time.monotonic() + timeout_s
     assert process.stderr is not None
     seen: list[str] = []
+    listening: dict = {}
     while time.monotonic() < deadline:
         line = process.stderr.readline()
         if not line:
@@ -85,6 +86,9 @@ def _wait_listening(process: subprocess.Popen, timeout_s: float) -> dict:
             event = json.loads(line)
         except ValueError:
             continue
+        # "listening" comes at bind time with the addresses; "ready" once loaded, with the placement.
         if event.get("event") == "listening":
-            return event
+            listening = event
+        elif event.get("event") == "ready":
+            return {**listening, **event}
     raise RuntimeError(f"the daemon did not listen within {timeout_s} s: {seen[-5:]}")

@@ -18,7 +18,7 @@ namespace Xlm.Sidecar
         /// <summary>The session's context is full.</summary>
         ContextFull = 5,
         /// <summary>The reply is a call of one of the request's tools.</summary>
-        ToolCall = 60,
+        ToolCall = 6,
     }
 
     public sealed class Usage

@@ -16,7 +16,7 @@ namespace Xlm.Sidecar
         Draining = 4,
         /// <summary>Listening, the model not loaded yet; Loading, then Ready follow. Calls that
         /// generate get UNAVAILABLE with a retry hint until Ready.</summary>
-        Starting = 40,
+        Starting = 5,
     }
 
     public enum Placement

@@ -27,6 +27,8 @@ namespace Xlm.Sidecar.Grpc
                     new ProtoField(5, "repeatPenalty", ProtoType.Float, null, presence: true),
                     new ProtoField(6, "repeatLastN", ProtoType.Int32, null, presence: true),
                     new ProtoField(7, "seed", ProtoType.UInt64, null, presence: true),
+                    new ProtoField(60, "frequencyPenalty", ProtoType.Float, null, presence: true),
+                    new ProtoField(61, "presencePenalty", ProtoType.Float, null, presence: true),
                 }
             },
             { "xlm.v1.GenerateRequest", new ProtoField[]
@@ -41,6 +43,21 @@ namespace Xlm.Sidecar.Grpc
                     new ProtoField(8, "resetSession", ProtoType.Bool, null),
                     new ProtoField(9, "requestId", ProtoType.String, null),
                     new ProtoField(50, "context", ProtoType.String, null),
+                    new ProtoField(60, "tools", ProtoType.Message, "xlm.v1.Tool", repeated: true),
+                    new ProtoField(61, "toolChoice", ProtoType.String, null),
+                }
+            },
+            { "xlm.v1.Tool", new ProtoField[]
+                {
+                    new ProtoField(1, "name", ProtoType.String, null),
+                    new ProtoField(2, "description", ProtoType.String, null),
+                    new ProtoField(3, "parametersJsonSchema", ProtoType.String, null),
+                }
+            },
+            { "xlm.v1.ToolCall", new ProtoField[]
+                {
+                    new ProtoField(1, "name", ProtoType.String, null),
+                    new ProtoField(2, "argumentsJson", ProtoType.String, null),
                 }
             },
             { "xlm.v1.Usage", new ProtoField[]
@@ -77,6 +94,9 @@ namespace Xlm.Sidecar.Grpc
                     new ProtoField(3, "timings", ProtoType.Message, "xlm.v1.Timings"),
                     new ProtoField(4, "sessionId", ProtoType.String, null),
                     new ProtoField(5, "image", ProtoType.Message, "xlm.v1.ImageInfo"),
+                    new ProtoField(30, "historyTurnsDropped", ProtoType.UInt32, null),
+                    new ProtoField(31, "historyTokensKept", ProtoType.UInt32, null),
+                    new ProtoField(60, "toolCall", ProtoType.Message, "xlm.v1.ToolCall"),
                 }
             },
             { "xlm.v1.GenerateChunk", new ProtoField[]
@@ -138,6 +158,16 @@ namespace Xlm.Sidecar.Grpc
                     new ProtoField(4, "pauseMs", ProtoType.Double, null),
                 }
             },
+            { "xlm.v1.ProfileProgress", new ProtoField[]
+                {
+                    new ProtoField(1, "state", ProtoType.Enum, "xlm.v1.ProfileState"),
+                    new ProtoField(2, "stepsDone", ProtoType.UInt32, null),
+                    new ProtoField(3, "stepsTotal", ProtoType.UInt32, null),
+                    new ProtoField(4, "step", ProtoType.String, null),
+                    new ProtoField(5, "slicesDiscarded", ProtoType.UInt32, null),
+                    new ProtoField(6, "source", ProtoType.String, null),
+                }
+            },
             { "xlm.v1.WatchStateRequest", new ProtoField[]
                 {
                 }
@@ -149,6 +179,7 @@ namespace Xlm.Sidecar.Grpc
                     new ProtoField(3, "budget", ProtoType.Message, "xlm.v1.Budget"),
                     new ProtoField(4, "schedule", ProtoType.Message, "xlm.v1.Schedule"),
                     new ProtoField(5, "reason", ProtoType.String, null),
+                    new ProtoField(40, "profile", ProtoType.Message, "xlm.v1.ProfileProgress"),
                 }
             },
             { "xlm.v1.TierPlan", new ProtoField[]
@@ -205,6 +236,19 @@ namespace Xlm.Sidecar.Grpc
                     new ProtoField(4, "modelVramBytes", ProtoType.UInt64, null),
                     new ProtoField(5, "kvCacheBytes", ProtoType.UInt64, null),
                     new ProtoField(6, "plannedVramBytes", ProtoType.UInt64, null),
+                    new ProtoField(20, "devices", ProtoType.Message, "xlm.v1.DeviceMemory", repeated: true),
+                    new ProtoField(21, "placementDevice", ProtoType.String, null),
+                }
+            },
+            { "xlm.v1.DeviceMemory", new ProtoField[]
+                {
+                    new ProtoField(1, "device", ProtoType.String, null),
+                    new ProtoField(2, "modelBytes", ProtoType.UInt64, null),
+                    new ProtoField(3, "kvCacheBytes", ProtoType.UInt64, null),
+                    new ProtoField(4, "computeBytes", ProtoType.UInt64, null),
+                    new ProtoField(5, "outputBytes", ProtoType.UInt64, null),
+                    new ProtoField(6, "freeBytes", ProtoType.UInt64, null),
+                    new ProtoField(7, "totalBytes", ProtoType.UInt64, null),
                 }
             },
             { "xlm.v1.Throughput", new ProtoField[]
@@ -251,6 +295,7 @@ namespace Xlm.Sidecar.Grpc
                     new ProtoField(11, "listenAddresses", ProtoType.String, null, repeated: true),
                     new ProtoField(12, "vision", ProtoType.Message, "xlm.v1.VisionStatus"),
                     new ProtoField(50, "prefixCache", ProtoType.Message, "xlm.v1.PrefixCacheStatus"),
+                    new ProtoField(40, "profile", ProtoType.Message, "xlm.v1.ProfileProgress"),
                 }
             },
             { "xlm.v1.PrefixCacheStatus", new ProtoField[]
@@ -293,9 +338,10 @@ namespace Xlm.Sidecar.Grpc
 
         internal static readonly Dictionary<string, string[]> Enums = new Dictionary<string, string[]>
         {
-            { "xlm.v1.FinishReason", new[] { "FINISH_REASON_UNSPECIFIED", "FINISH_REASON_STOP", "FINISH_REASON_LENGTH", "FINISH_REASON_STOP_STRING", "FINISH_REASON_CANCELLED", "FINISH_REASON_CONTEXT_FULL" } },
+            { "xlm.v1.FinishReason", new[] { "FINISH_REASON_UNSPECIFIED", "FINISH_REASON_STOP", "FINISH_REASON_LENGTH", "FINISH_REASON_STOP_STRING", "FINISH_REASON_CANCELLED", "FINISH_REASON_CONTEXT_FULL", "FINISH_REASON_TOOL_CALL" } },
             { "xlm.v1.PixelFormat", new[] { "PIXEL_FORMAT_UNSPECIFIED", "PIXEL_FORMAT_RGBA8", "PIXEL_FORMAT_BGRA8", "PIXEL_FORMAT_RGB8" } },
-            { "xlm.v1.EnginePhase", new[] { "ENGINE_PHASE_UNSPECIFIED", "ENGINE_PHASE_LOADING", "ENGINE_PHASE_READY", "ENGINE_PHASE_RELOADING", "ENGINE_PHASE_DRAINING" } },
+            { "xlm.v1.EnginePhase", new[] { "ENGINE_PHASE_UNSPECIFIED", "ENGINE_PHASE_LOADING", "ENGINE_PHASE_READY", "ENGINE_PHASE_RELOADING", "ENGINE_PHASE_DRAINING", "ENGINE_PHASE_STARTING" } },
+            { "xlm.v1.ProfileState", new[] { "PROFILE_STATE_UNSPECIFIED", "PROFILE_STATE_MEASURED", "PROFILE_STATE_DEFAULTS", "PROFILE_STATE_REFRESHING", "PROFILE_STATE_OFF" } },
             { "xlm.v1.Placement", new[] { "PLACEMENT_UNSPECIFIED", "PLACEMENT_FULL_GPU", "PLACEMENT_STATIC", "PLACEMENT_DYNAMIC", "PLACEMENT_GPU_STREAMING", "PLACEMENT_CPU_ONLY" } },
             { "xlm.v1.TierPhase", new[] { "TIER_PHASE_UNSPECIFIED", "TIER_PHASE_DECODE", "TIER_PHASE_PREFILL" } },
         };
