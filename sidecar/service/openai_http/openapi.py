@@ -25,7 +25,7 @@ def _json(name: str) -> dict:
 def _errors(*statuses: int) -> dict:
     reasons = {400: "bad request", 401: "missing or wrong token", 403: "browser origin without a token",
                404: "unknown model, session or route", 413: "body too large", 429: "queue or sessions full",
-               500: "internal error", 501: "not implemented", 503: "shutting down"}
+               500: "internal error", 501: "not implemented", 503: "shutting down, or the model still loading (retry)"}
     return {str(s): {"description": reasons[s], "content": _json("ErrorResponse")} for s in statuses}
 
 
@@ -99,19 +99,20 @@ def _document() -> dict:
                 "503": {"description": "shutting down", "content": _json("Health")},
             }}},
             "/v1/models": {"get": {"summary": "the model served", "security": _SECURED, "responses": {
-                "200": {"description": "one model", "content": _json("ModelList")}, **_errors(401, 403),
+                "200": {"description": "one model", "content": _json("ModelList")}, **_errors(401, 403, 503),
             }}},
             "/v1/models/{model}": {"get": {
                 "summary": "one model", "security": _SECURED,
                 "parameters": [{"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}],
-                "responses": {"200": {"description": "the model", "content": _json("Model")}, **_errors(401, 403, 404)},
+                "responses": {"200": {"description": "the model", "content": _json("Model")}, **_errors(401, 403, 404, 503)},
             }},
             "/v1/chat/completions": _generation("ChatCompletionRequest", "ChatCompletion", "chat completion"),
             "/v1/completions": _generation("CompletionRequest", "TextCompletion", "raw-prompt completion"),
             "/v1/sessions/{session_id}": {"delete": {
                 "summary": "forget an NPC's session (EndSession)", "security": _SECURED,
                 "parameters": [{"name": "session_id", "in": "path", "required": True, "schema": {"type": "string"}}],
-                "responses": {"200": {"description": "ended", "content": _json("SessionDeleted")}, **_errors(401, 403, 404)},
+                "responses": {"200": {"description": "ended", "content": _json("SessionDeleted")},
+                              **_errors(400, 401, 403, 404, 503)},
             }},
         },
     }
