@@ -2,35 +2,13 @@
 
 An image stands in the token list as its EncodedImage.span (projector text tokens around a run of
 one sentinel id), so the ordinary prefix matching against a sequence's cache also tells whether
-an image is already there. Pure: the tokenizer comes in as a function.
+an image is already there. Prompts are tokenized, images in place, by chat_segments.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-from sidecar.engine.requests import IMAGE_MARKER, ImageReport
-from sidecar.errors import InvalidArgument
+from sidecar.engine.requests import ImageReport
 from sidecar.vision.encoder import EncodedImage
-
-Tokenize = Callable[..., list[int]]  # (text, *, add_bos, parse_special) -> token ids
-
-
-def tokenize_with_images(
-    tokenize: Tokenize, prompt_text: str, images: list[EncodedImage]
-) -> tuple[list[int], dict[int, EncodedImage]]:
-    """The prompt's tokens with each image marker replaced by its image's span, and the index of
-    each image's first embedding."""
-    pieces = prompt_text.split(IMAGE_MARKER)
-    if len(pieces) - 1 != len(images):
-        raise InvalidArgument(f"message text may not contain {IMAGE_MARKER!r}; it stands for images")
-    tokens = tokenize(pieces[0], add_bos=True, parse_special=True)
-    spans: dict[int, EncodedImage] = {}
-    for image, piece in zip(images, pieces[1:]):
-        spans[len(tokens) + len(image.prefix_tokens)] = image
-        tokens.extend(image.span)
-        tokens.extend(tokenize(piece, add_bos=False, parse_special=True))
-    return tokens, spans
 
 
 def whole_images_prefix(common: int, spans: dict[int, EncodedImage]) -> int:

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from sidecar.engine.chat_segments import raw_segments, render_segments, tokenize_segments
-from sidecar.engine.image_prompt import Tokenize
+from sidecar.engine.chat_segments import Tokenize, raw_segments, render_segments, tokenize_segments
 from sidecar.engine.requests import Prompt
 
 # Between the shared context and the NPC's own system text.
