@@ -27,6 +27,7 @@ from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass
 
+import llama_cpp
 import structlog
 
 from sidecar.engine.config import EngineConfig
@@ -36,6 +37,7 @@ from sidecar.engine.native_log import install_native_log_filter
 from sidecar.engine.native_model import ModelFacts, NativeModel
 from sidecar.engine.phase import EnginePhase
 from sidecar.engine.context_shift import shift_out_dropped
+from sidecar.engine.image_encodes import ImageEncodes
 from sidecar.engine.image_prompt import image_report, whole_images_prefix
 from sidecar.engine.prefix_cache import PrefixCache, PrefixCacheStats
 from sidecar.engine.prefix_sharing import PrefixSharing, shareable_tokens
@@ -64,6 +66,8 @@ from sidecar.errors import (
 from sidecar.vision.encoder import EncodedImage, EncoderStats, VisionEncoder
 
 log = structlog.get_logger("engine")
+
+_WAKE = object()  # put into the inbox by the vision worker's reply thread: an image is ready
 
 
 @dataclass(frozen=True)
@@ -95,13 +99,14 @@ class Engine(Reloading):
         self.model, self._ctx = self._load(config)
         self.load_report = parse_load_log(self.model.load_log + self._ctx.load_log)
         self.facts = self.model.facts()
+        self._inbox: queue.Queue[Job | ReloadRequest | None | object] = queue.Queue()
+        self._images = ImageEncodes(wake=lambda: self._inbox.put(_WAKE))
         self.encoder = self._open_encoder(config)
         self._kv_bytes_per_token = self.model.kv_bytes_per_token_f16()
         self._slots = [Slot(seq) for seq in range(config.n_seq)]
         self.sessions = SessionStore(config.max_sessions)
         self.sharing = PrefixSharing(PrefixCache(config.prefix_cache_bytes), self._kv_bytes_per_token)
         self.stats = ThroughputStats()
-        self._inbox: queue.Queue[Job | ReloadRequest | None] = queue.Queue()
         self._waiting: deque[Job] = deque()
         self._closing = False
         self.last_reload_pause_ms = 0.0
@@ -136,7 +141,11 @@ class Engine(Reloading):
         return model, ctx
 
     def _open_encoder(self, config: EngineConfig) -> VisionEncoder | None:
-        if config.vision is None:
+        """The in-loop encoder of a GPU plan; a CPU encoder runs beside the loop (image_encodes.py)."""
+        beside = config.vision is not None and not config.vision.use_gpu
+        self._images.configure(config.vision if beside else None, config.model_path,
+                              llama_cpp.llama_model_n_embd_inp(self.model.ptr))
+        if config.vision is None or beside:
             return None
         try:
             return VisionEncoder(self.model.ptr, config.vision)
@@ -196,7 +205,8 @@ class Engine(Reloading):
             kv_cache_bytes=kv_tokens * self._kv_bytes_per_token,
             last_reload_pause_ms=self.last_reload_pause_ms,
             load_report=self.load_report,
-            vision=self.encoder.stats if self.encoder is not None else None,
+            vision=self.encoder.stats if self.encoder is not None else (
+                self._images.stats if self._images.settings is not None else None),
             prefix_cache=self.sharing.cache.stats(),
         )
 
@@ -213,6 +223,7 @@ class Engine(Reloading):
             return
         if self.encoder is not None:
             self.encoder.close()
+        self._images.close()
         self._ctx.close()
         self.model.close()
         self.phase = EnginePhase.STOPPED
@@ -222,8 +233,10 @@ class Engine(Reloading):
     def _run(self) -> None:
         while True:
             busy = any(s.busy for s in self._slots)
+            # While an image encodes beside the loop, wake often enough to see its question cancelled.
+            timeout = 0.05 if self._images.has_work(self._waiting) else None
             try:
-                item = self._inbox.get(block=not busy and not self._waiting_admissible())
+                item = self._inbox.get(block=not busy and not self._waiting_admissible(), timeout=timeout)
             except queue.Empty:
                 item = False  # nothing new; carry on stepping
             if item is None:
@@ -240,7 +253,7 @@ class Engine(Reloading):
         self._shutdown()
 
     def _waiting_admissible(self) -> bool:
-        return bool(self._waiting) and any(not s.busy for s in self._slots)
+        return any(not self._images.pending(j) for j in self._waiting) and any(not s.busy for s in self._slots)
 
     def _shutdown(self) -> None:
         for slot in self._slots:
@@ -264,11 +277,19 @@ class Engine(Reloading):
         """Bind waiting requests to free sequences, in arrival order; a request whose session is
         mid-turn elsewhere waits for that turn to end."""
         self._plan_sharing()
+        self._images.poll(self._waiting, max(t for _, t in self.config.tier_threads), self.config.threads_decode,
+                          decoding=any(s.busy for s in self._slots))
         still_waiting: deque[Job] = deque()
+        encoding_sessions: set[str] = set()  # a session's later turns wait for its image's turn
         while self._waiting:
             job = self._waiting.popleft()
             if job.cancelled:
                 job.sink(cancelled_before_start(job))
+                continue
+            if self._images.pending(job) or job.spec.session_id in encoding_sessions:
+                if job.spec.session_id:
+                    encoding_sessions.add(job.spec.session_id)
+                still_waiting.append(job)
                 continue
             if self.sharing.must_wait(job):
                 still_waiting.append(job)  # another request is computing its prefix right now
@@ -331,7 +352,7 @@ class Engine(Reloading):
             session.text = ""
             session.images = []
             session.saved_state, session.saved_tokens = None, []
-        new_image = self._encode_image(spec, session)
+        new_image = self._encode_image(job, session)
         images = list(session.images if session is not None else []) + ([new_image] if new_image else [])
         if job.prompt_tokens is not None and session is None and not images:
             # Tokenized while choosing its sequence, with the same checks.
@@ -370,12 +391,16 @@ class Engine(Reloading):
         if spec.asks_about_image:
             slot.active.image_report = image_report(new_image or images[-1], encoded_now=new_image is not None)
 
-    def _encode_image(self, spec: GenerationSpec, session: Session | None) -> EncodedImage | None:
-        """Encode the request's image now (the vision phase runs alone: VLMOpt's no-overlap rule),
-        or check that a follow-up question has an image to be about."""
+    def _encode_image(self, job: Job, session: Session | None) -> EncodedImage | None:
+        """The request's image as embeddings: encoded beside the loop before admission (CPU), or
+        now, with every other conversation paused (GPU: VLMOpt's no-overlap rule keeps the encoder's
+        VRAM and the language phase's apart). Or check that a follow-up has an image to be about."""
+        spec = job.spec
         if not spec.asks_about_image:
             return None
-        if self.encoder is None:
+        if self._images.wants(job):
+            return self._images.take(job)
+        if self.encoder is None and self._images.settings is None:
             raise FailedPrecondition("this daemon has no vision model; start it with --mmproj PROJECTOR.gguf")
         if spec.image is None:
             if session is None or not session.images:
@@ -434,7 +459,7 @@ class Engine(Reloading):
             return
         plan = plan_step(demands, self.config.n_batch)
         planned = threads_for(plan.n_tokens, self.config.tier_threads)
-        used = self._governor.threads(self.config, planned)
+        used = self._images.per_pass_threads(self._governor.threads(self.config, planned))
         self._ctx.set_threads(used)
         t0 = time.perf_counter()
         self._ctx.decode(list(plan.entries))
@@ -485,7 +510,8 @@ class Engine(Reloading):
         a = slot.active
         image: EncodedImage = a.image_spans[a.fed]
         t0 = time.perf_counter()
-        self._ctx.set_threads(self._governor.threads(self.config, threads_for(image.n_tokens, self.config.tier_threads)))
+        planned = threads_for(image.n_tokens, self.config.tier_threads)
+        self._ctx.set_threads(self._images.per_pass_threads(self._governor.threads(self.config, planned)))
         self._ctx.decode_embeddings(slot.seq, len(slot.cached), image.embeddings, image.non_causal)
         slot.cached.extend([image.sentinel] * image.n_tokens)
         a.fed += image.n_tokens

@@ -144,6 +144,9 @@ class Job:
     # Where its shared prompt prefix ends (prefix_sharing.share_cut; 0: none), once decided.
     share_cut: int | None = None
     waited_for_prefix: bool = False
+    # Its image's embeddings (or the error encoding it raised) once the vision worker has answered;
+    # set from the worker's reply thread (image_encodes.py).
+    encoded: object | None = None
 
     def cancel(self) -> None:
         """Ask the engine to stop this request; it ends within one step with reason CANCELLED."""

@@ -5,7 +5,7 @@ VLMOpt's first and third moves live here: with `resident=False` the encoder's we
 language model decodes again, so the encoder holds no memory between images. With `resident=True`
 it stays loaded, which is how llama.cpp's own tools run it; the benchmark compares the two.
 
-Only the engine thread calls into this class: libmtmd contexts are not thread-safe, and the
+Only one thread calls into this class (the engine's, or the vision worker's in its own process): libmtmd contexts are not thread-safe, and the
 embeddings go straight into the engine's llama.cpp context afterwards.
 """
 
@@ -85,8 +85,11 @@ def image_identity(image: RgbImage) -> tuple[str, int]:
 class VisionEncoder:
     """Encodes images for one loaded text model. Recreate it when the text model is reloaded."""
 
-    def __init__(self, model_ptr: int, settings: EncoderSettings) -> None:
+    def __init__(self, model_ptr: int, settings: EncoderSettings, text_n_embd: int = 0) -> None:
+        """`text_n_embd`: the text model's input width, for a model loaded vocabulary-only (which
+        reports 0); by default it is read from the model."""
         self.settings = settings
+        self._text_n_embd = text_n_embd or llama_cpp.llama_model_n_embd_inp(model_ptr)
         self.stats = EncoderStats()
         self._model_ptr = model_ptr
         self._image_size = settings.fixed_image_size
@@ -189,7 +192,7 @@ class VisionEncoder:
                 non_causal = bool(mtmd_cpp.mtmd_decode_use_non_causal(ctx, chunk))
                 if mtmd_cpp.mtmd_encode_chunk(ctx, chunk) != 0:
                     raise EngineFailure("the vision encoder failed on this image")
-                n_embd = llama_cpp.llama_model_n_embd_inp(self._model_ptr)
+                n_embd = self._text_n_embd
                 out = mtmd_cpp.mtmd_get_output_embd(ctx)
                 flat = np.ctypeslib.as_array(ctypes.cast(out, ctypes.POINTER(ctypes.c_float)), shape=(n_tokens * n_embd,))
                 embeddings = flat.reshape(n_tokens, n_embd).copy()  # libmtmd reuses its buffer
