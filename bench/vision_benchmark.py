@@ -57,7 +57,8 @@ def screenshot_png(width: int, height: int) -> bytes:
 # -- worker (one fresh process per measurement) ------------------------------------------------
 
 class RssSampler:
-    """Samples this process's RSS every 5 ms, keeping the peak of each named phase."""
+    """Samples the RSS of this process and its children (the vision worker, which encodes on the
+    CPU) every 5 ms, keeping the peak of each named phase."""
 
     def __init__(self) -> None:
         import psutil
@@ -69,14 +70,25 @@ class RssSampler:
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
+    def _rss(self) -> int:
+        import psutil
+
+        total = self._process.memory_info().rss
+        for child in self._process.children(recursive=True):
+            try:
+                total += child.memory_info().rss
+            except psutil.Error:
+                pass
+        return total
+
     def _run(self) -> None:
         while not self._stop.is_set():
-            rss = self._process.memory_info().rss
+            rss = self._rss()
             self.peaks[self.phase] = max(self.peaks.get(self.phase, 0), rss)
             time.sleep(0.005)
 
     def mark(self, phase: str) -> None:
-        rss = self._process.memory_info().rss
+        rss = self._rss()
         self.peaks[phase] = max(self.peaks.get(phase, 0), rss)
         self.phase = phase
 
@@ -104,18 +116,20 @@ def worker_ask(spec: dict) -> dict:
     config = EngineConfig(model_path=default_model_path(), n_ctx=2048, n_seq=1, threads_decode=spec["threads"],
                           threads_prefill=spec["threads"], vision=settings)
     engine = Engine(config)
+    time.sleep(3.0)  # the vision worker process starts beside the engine
     sampler.mark("idle")
-    time.sleep(0.2)
-    encode = engine.encoder.encode
+    images = engine._images  # the CPU encoder runs in the worker; its reply ends the encode phase
+    start, done = images._process.start, images._done
 
-    def encode_marked(image):
+    def start_marked(*a):
         sampler.mark("encode")
-        try:
-            return encode(image)
-        finally:
-            sampler.mark("decode")
+        return start(*a)
 
-    engine.encoder.encode = encode_marked
+    def done_marked(*a):
+        sampler.mark("decode")
+        return done(*a)
+
+    images._process.start, images._done = start_marked, done_marked
     png = screenshot_png(*spec["size"])
     t0 = time.perf_counter()
     image = decode_encoded(png, 64 << 20)
@@ -137,7 +151,7 @@ def worker_ask(spec: dict) -> dict:
     time.sleep(0.2)
     peaks = sampler.stop()
     report = event.image
-    stats = engine.encoder.stats
+    stats = engine.snapshot().vision
     load_report = engine.load_report
     engine.close()
     return {

@@ -306,6 +306,10 @@ def _run_status(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `xlm-sidecar` script."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["_vision-worker"]:  # the daemon's own vision encoder process (frozen builds)
+        from sidecar.vision.encode_worker import main as vision_worker
+
+        return vision_worker()
     if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version")):
         argv.insert(0, "serve")  # `xlm-sidecar --budget 3G`
     args = build_parser().parse_args(argv)

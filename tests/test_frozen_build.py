@@ -61,6 +61,10 @@ def _without_python_env() -> dict[str, str]:
 def test_frozen_daemon_streams_a_reply(frozen: Path, tmp_path: Path) -> None:
     version = subprocess.run([str(frozen), "--version"], capture_output=True, text=True, timeout=60, env=_without_python_env())
     assert version.returncode == 0 and version.stdout.startswith("xlm-sidecar "), version
+    # The vision encoder's worker process starts from the same binary; with no request it exits 0.
+    worker = subprocess.run([str(frozen), "_vision-worker"], input=b"", capture_output=True, timeout=60,
+                            env=_without_python_env())
+    assert worker.returncode == 0, worker.stderr[-2000:]
     # No --model: the bundled SmolLM2 is the default, found inside the bundle, not in the venv.
     daemon = start_daemon(program=(str(frozen),), env={**_without_python_env(), "XLM_SIDECAR_RUNTIME_DIR": str(tmp_path)})
     try:
