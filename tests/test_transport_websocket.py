@@ -7,6 +7,7 @@ import json
 import time
 from collections.abc import Iterator
 
+import jsonschema
 import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
@@ -300,3 +301,34 @@ def test_chat_messages_may_be_a_plain_list(bridge: BridgeClient) -> None:
     nested = bridge.call("Generate", {"messages": {"messages": messages}, "maxTokens": 2, "sampling": {"temperature": 0}}, call_id="nested")
     assert flat[-1] == {"id": "flat", "end": True} and nested[-1] == {"id": "nested", "end": True}
     assert [c["chunk"].get("tokenIds") for c in flat[:-1]] == [c["chunk"].get("tokenIds") for c in nested[:-1]]
+
+
+ATTACK = {"type": "object", "additionalProperties": False, "required": ["target"],
+          "properties": {"target": {"type": "string", "enum": ["thief", "merchant", "player"]}}}
+
+
+def test_tools_go_in_json_frames_and_the_call_comes_in_the_final_chunk(bridge: BridgeClient) -> None:
+    """What the Godot addon and the Unity package send: GenerateRequest.tools in the JSON mapping
+    (lowerCamelCase, parameters as schema text), the call in the final chunk's toolCall."""
+    request = {
+        "messages": {"messages": [{"role": "system", "content": "You are a town guard."},
+                                  {"role": "user", "content": "A thief runs past you!"}]},
+        "tools": [{"name": "attack", "description": "attack someone", "parametersJsonSchema": json.dumps(ATTACK)},
+                  {"name": "flee", "description": "run away"}],
+        "toolChoice": "required", "maxTokens": 60, "sampling": {"temperature": 0},
+    }
+    frames = bridge.call("Generate", request, call_id="tools")
+    assert frames[-1] == {"id": "tools", "end": True}
+    final = frames[-2]["chunk"]["final"]
+    assert final["finishReason"] == "FINISH_REASON_TOOL_CALL", final
+    call = final["toolCall"]
+    assert call["name"] in ("attack", "flee")
+    arguments = json.loads(call["argumentsJson"])
+    if call["name"] == "attack":
+        jsonschema.validate(arguments, ATTACK)
+    frames = bridge.call("Generate", {**request, "tool_choice": "attack"}, call_id="named")
+    named = frames[-2]["chunk"]["final"]["toolCall"]
+    assert named["name"] == "attack"
+    jsonschema.validate(json.loads(named["argumentsJson"]), ATTACK)
+    [refused] = bridge.call("Generate", {**request, "toolChoice": "dance"}, call_id="dance")
+    assert refused["error"]["code"] == "INVALID_ARGUMENT" and "dance" in refused["error"]["message"]

@@ -1,9 +1,10 @@
 """The addon inside a real Godot 4, headless: clients/godot/tests/protocol_test.tscn replays every
 protocol fixture through XlmSidecarClient against a live daemon (the frames it sends must be exactly
-the fixture's), then launches a daemon of its own with the game's pid and a token, talks to it and
-stops it. Runs where a Godot 4 binary exists (GODOT4_BIN, or godot4/godot on PATH whose --version
-starts with 4); skipped, saying so, elsewhere: Godot 4 cannot be installed on the project's
-machines, so this one stays a skip there even when XLM_REQUIRE_CLIENT_TOOLS=1."""
+the fixture's; the tool-call fixture goes to a second daemon, serving SmolLM2), then launches a
+daemon of its own with the game's pid and a token, talks to it and stops it. Runs where a Godot 4
+binary exists (GODOT4_BIN, or godot4/godot on PATH whose --version starts with 4); skipped, saying
+so, elsewhere: Godot 4 cannot be installed on the project's machines, so this one stays a skip there
+even when XLM_REQUIRE_CLIENT_TOOLS=1."""
 
 from __future__ import annotations
 
@@ -92,8 +93,15 @@ def daemon(godot: str, models: dict[str, Path]) -> Iterator[RunningDaemon]:
     stop_daemon(running)
 
 
+@pytest.fixture(scope="module")
+def smollm2_daemon(godot: str) -> Iterator[RunningDaemon]:
+    running = start_daemon("--budget", "0", *DAEMON_FLAGS)
+    yield running
+    stop_daemon(running)
+
+
 def test_the_addon_passes_its_protocol_test_scene_in_headless_godot(
-    godot: str, daemon: RunningDaemon, models: dict[str, Path], tmp_path: Path
+    godot: str, daemon: RunningDaemon, smollm2_daemon: RunningDaemon, models: dict[str, Path], tmp_path: Path
 ) -> None:
     # A copy, so Godot's .godot/ cache lands outside the checkout.
     project = tmp_path / "project"
@@ -103,6 +111,8 @@ def test_the_addon_passes_its_protocol_test_scene_in_headless_godot(
         XLM_TEST_WS_URL=daemon.ws_address,
         XLM_TEST_TOKEN=daemon.token,
         XLM_TEST_VISION="1",
+        XLM_TEST_SMOLLM2_WS_URL=smollm2_daemon.ws_address,
+        XLM_TEST_SMOLLM2_TOKEN=smollm2_daemon.token,
         XLM_TEST_DAEMON_EXE=str(Path(sys.executable).with_name("xlm-sidecar")),
         XLM_TEST_DAEMON_PORT=str(free_port_pair()),
         XLM_TEST_DAEMON_ARGS=json.dumps(["--model", str(models["tiny_llama"]), *DAEMON_FLAGS]),

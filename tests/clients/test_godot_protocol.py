@@ -16,13 +16,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
+import jsonschema
 import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
 from conftest import REPO, RunningDaemon, start_daemon, stop_daemon
 from sidecar.api import pb
-from sidecar.service import json_frames, websocket_bridge
+from sidecar.errors import InvalidArgument
+from sidecar.service import json_frames, tool_calls, websocket_bridge
 from sidecar.testmodels import write_models
 
 ADDON = REPO / "clients" / "godot" / "addons" / "xlm_sidecar"
@@ -35,13 +37,14 @@ TERMINALS = ("end", "result", "error")
 # Steps the client takes by itself or that are not a method call.
 BUILT_IN_STEPS = {"connect", "automatic"}
 # Constants the game compares replies against; the addon itself need not use each one.
-VALUE_PREFIXES = ("FINISH_", "PHASE_", "STATUS_")
+VALUE_PREFIXES = ("FINISH_", "PHASE_", "STATUS_", "TOOL_CHOICE_")
 # Shape names that are types, not messages or enums.
 TYPES = {"string", "bool", "int", "int64", "number", "array", "object", "string|null"}
 # Shape name -> the proto message its fields come from.
 SHAPE_MESSAGES = {
     "GenerateChunk": pb.GenerateChunk,
     "GenerationFinal": pb.GenerationFinal,
+    "ToolCallFinal": pb.GenerationFinal,
     "AskImageFinal": pb.GenerationFinal,
     "Status": pb.Status,
     "SetBudgetResponse": pb.SetBudgetResponse,
@@ -204,6 +207,20 @@ def test_enums_the_addon_knows_are_the_protos() -> None:
     assert set(SHAPES["enums"]["StatusCode"]) <= {code.name for code in grpc.StatusCode}
 
 
+def test_tool_choices_the_addon_knows_are_the_daemons() -> None:
+    """Each tool_choice value the addon names is one the daemon takes (a tool's own name is the other
+    kind); "none" turns the tools off."""
+    request = pb.GenerateRequest(messages=pb.ChatMessages(messages=[pb.ChatMessage(role="user", content="hi")]),
+                                 tools=[pb.Tool(name="wave")])
+    for choice in SHAPES["enums"]["ToolChoice"]:
+        request.tool_choice = choice
+        plan = tool_calls.plan_from_pb(request)
+        assert (plan is None) == (choice == "none"), choice
+    request.tool_choice = "dance"
+    with pytest.raises(InvalidArgument):
+        tool_calls.plan_from_pb(request)
+
+
 def _check_fields_exist(shape: object, descriptor: object, path: str) -> None:
     if not isinstance(shape, dict):
         return
@@ -315,7 +332,20 @@ class FrameReader:
         raise ShapeError(f"a frame the addon cannot classify: {frame}")
 
 
-def check_await(reader: FrameReader, wait: dict) -> None:
+def check_tool_call(final: dict, expected: str, request: dict) -> None:
+    """`expected`: "none" (no call), "any" (a call of one of the request's tools) or a tool's name.
+    A call's arguments must validate against its tool's parameters schema."""
+    if expected == "none":
+        assert "toolCall" not in final and final["finishReason"] != "FINISH_REASON_TOOL_CALL", final
+        return
+    assert final["finishReason"] == "FINISH_REASON_TOOL_CALL", final
+    tools = {t["name"]: t for t in request["tools"]}
+    name = final["toolCall"]["name"]
+    assert name in tools and (expected == "any" or name == expected), (expected, final)
+    jsonschema.validate(json.loads(final["toolCall"]["argumentsJson"]), json.loads(tools[name].get("parametersJsonSchema", "{}")))
+
+
+def check_await(reader: FrameReader, wait: dict, sent: dict | None = None) -> None:
     if "frame" in wait:
         frame = reader.next_for(None)
         assert frame == wait["frame"], frame
@@ -349,6 +379,8 @@ def check_await(reader: FrameReader, wait: dict) -> None:
     elif terminal == "error":
         check_shape(frame["error"], wait["reads"], "error")
         assert frame["error"]["code"] == wait["error_code"], frame
+    if "tool_call" in wait:
+        check_tool_call(checked, wait["tool_call"], (sent or {})[call_id])
     for dotted in wait.get("positive", []):
         assert _path(checked, dotted) > 0, f"{dotted} should be positive in {checked}"
     if "close_code" in wait:
@@ -363,10 +395,13 @@ def replay(daemon: RunningDaemon, fixture: dict) -> None:
     token = fixture.get("token", daemon.token)
     with connect(daemon.ws_address, open_timeout=30, max_size=None) as ws:
         reader = FrameReader(ws)
+        sent: dict = {}
         for step in all_steps(fixture):
             for frame in step["sends"]:
                 ws.send(json.dumps(substitute(frame, token)))
-            check_await(reader, step["await"])
+                if "method" in frame:
+                    sent[frame["id"]] = frame["request"]
+            check_await(reader, step["await"], sent)
 
 
 def replay_with_retries(daemon: RunningDaemon, fixture: dict, attempts: int = 3) -> None:
@@ -400,9 +435,20 @@ def vision_flag_exists() -> bool:
     return "--mmproj" in help_text
 
 
-@pytest.mark.parametrize("fixture_name", [n for n in FIXTURE_NAMES if load(n).get("needs") != "vision"])
+@pytest.mark.parametrize("fixture_name", [n for n in FIXTURE_NAMES if load(n).get("needs") is None])
 def test_fixture_replays_against_a_live_daemon(tiny_daemon: RunningDaemon, fixture_name: str) -> None:
     replay_with_retries(tiny_daemon, load(fixture_name))
+
+
+@pytest.mark.parametrize("fixture_name", [n for n in FIXTURE_NAMES if load(n).get("needs") == "smollm2"])
+def test_tool_fixture_replays_against_smollm2(daemon: RunningDaemon, fixture_name: str) -> None:
+    """Tool calls on the real model (conftest's session daemon): each reply the fixture expects to be a
+    call names one of the request's tools, and its arguments validate against that tool's schema."""
+    replay(daemon, load(fixture_name))
+
+
+def test_every_fixture_needs_a_daemon_a_test_starts() -> None:
+    assert {load(n).get("needs") for n in FIXTURE_NAMES} <= {None, "vision", "smollm2"}
 
 
 @pytest.mark.parametrize("fixture_name", [n for n in FIXTURE_NAMES if load(n).get("needs") == "vision"])

@@ -44,6 +44,7 @@ CORE_OFFLINE = [
     "json_round_trips_text_numbers_and_nesting",
     "json_refuses_what_is_not_json",
     "requests_map_to_protobuf_json",
+    "tool_requests_and_calls_map_to_protobuf_json",
     "budget_table_prefers_scene_then_quality",
     "launcher_quotes_arguments_for_the_command_line",
 ]
@@ -61,6 +62,19 @@ CORE_LIVE = [
     "no_daemon_is_unavailable",
 ]
 CORE_VISION = ["screenshot_question_about_raw_pixels"]
+# On SmolLM2: the tiny random llama would not close a call's JSON within a sane max_tokens.
+CORE_TOOLS = ["tools_reply_with_a_call_of_a_declared_function"]
+# The tools the C# test declares (passed in XLM_TEST_TOOL_SCHEMAS); each call it prints is
+# validated against its tool's schema here.
+TOOL_SCHEMAS = {
+    "attack": {"description": "Attack someone with your sword.", "parameters": {
+        "type": "object", "additionalProperties": False, "required": ["target"],
+        "properties": {"target": {"type": "string", "enum": ["thief", "merchant", "player"]}}}},
+    "chase": {"description": "Run after someone.", "parameters": {
+        "type": "object", "additionalProperties": False, "required": ["target", "shout"],
+        "properties": {"target": {"type": "string", "enum": ["thief", "merchant", "player"]},
+                       "shout": {"type": "boolean"}}}},
+}
 CORE_LAUNCHER = [
     "launcher_starts_a_healthy_daemon_and_stops_it",
     "launcher_says_why_the_daemon_did_not_start",
@@ -240,9 +254,21 @@ def test_the_readme_npc_example_compiles(build: Build, tmp_path: Path) -> None:
              f"-r:{build.components}", f"-out:{tmp_path / 'Example.dll'}", str(source))
 
 
+def test_the_readme_tool_call_example_compiles(build: Build, tmp_path: Path) -> None:
+    """The NPC-action example in clients/unity/README.md (the C# block that calls ChooseActionAsync)."""
+    readme = (UNITY / "README.md").read_text()
+    [example] = [b.split("```", 1)[0] for b in readme.split("```csharp\n")[1:] if "ChooseActionAsync" in b.split("```", 1)[0]]
+    source = tmp_path / "Guard.cs"
+    source.write_text("using System.Collections.Generic;\nusing System.Threading.Tasks;\nusing UnityEngine;\nusing Xlm.Sidecar;\n"
+                      "class Guard {\n static bool PlayChase(string tool, string target) { return true; }\n"
+                      " static async Task Act(NpcConversation guard) {\n" + example + "}\n}\n")
+    _compile("-target:library", "-r:System.dll", "-r:System.Core.dll", f"-r:{build.core}", f"-r:{build.unity_stub}",
+             f"-out:{tmp_path / 'Guard.dll'}", str(source))
+
+
 def test_every_csharp_test_is_run(build: Build) -> None:
     core = _run(build.core_tests, "--list").stdout.split()
-    assert sorted(core) == sorted(CORE_OFFLINE + CORE_LIVE + CORE_VISION + CORE_LAUNCHER)
+    assert sorted(core) == sorted(CORE_OFFLINE + CORE_LIVE + CORE_VISION + CORE_TOOLS + CORE_LAUNCHER)
     components = _run(build.component_tests, "--list").stdout.split()
     assert sorted(components) == sorted(COMPONENTS_LIVE)
 
@@ -265,6 +291,37 @@ def test_core_against_a_live_daemon(build: Build, daemon: RunningDaemon, models:
 @pytest.mark.parametrize("name", CORE_VISION)
 def test_core_screenshot_question(build: Build, daemon: RunningDaemon, models: dict[str, Path], tmp_path: Path, name: str) -> None:
     _assert_passed(_run(build.core_tests, name, env=_env(daemon, models, tmp_path)), name)
+
+
+@pytest.fixture(scope="module")
+def smollm2_daemon(build: Build) -> Iterator[RunningDaemon]:
+    """The real default model (SmolLM2), for the tests whose replies must make sense as calls."""
+    running = start_daemon("--budget", "0", "--threads", "1", "--stream-interval-ms", "0", "--profile", "off")
+    yield running
+    stop_daemon(running)
+
+
+def _tool_env(daemon: RunningDaemon, models: dict[str, Path], tmp_path: Path) -> dict[str, str]:
+    return {**_env(daemon, models, tmp_path), "XLM_TEST_TOOL_SCHEMAS": json.dumps(TOOL_SCHEMAS)}
+
+
+def _assert_tool_calls_fit_their_schemas(result: subprocess.CompletedProcess) -> None:
+    """Each call the C# test printed names a declared tool, and its arguments validate against it."""
+    import jsonschema
+
+    calls = [line.split(" ", 2)[1:] for line in result.stdout.splitlines() if line.startswith("TOOL_CALL ")]
+    assert len(calls) == 2, result.stdout
+    for name, arguments in calls:
+        assert name in TOOL_SCHEMAS, result.stdout
+        jsonschema.validate(json.loads(arguments), TOOL_SCHEMAS[name]["parameters"])
+    assert calls[1][0] == list(TOOL_SCHEMAS)[-1], "the second call names the tool its tool_choice names (the last declared)"
+
+
+@pytest.mark.parametrize("name", CORE_TOOLS)
+def test_core_tool_calls_on_smollm2(build: Build, smollm2_daemon: RunningDaemon, models: dict[str, Path], tmp_path: Path, name: str) -> None:
+    result = _run(build.core_tests, name, env=_tool_env(smollm2_daemon, models, tmp_path))
+    _assert_passed(result, name)
+    _assert_tool_calls_fit_their_schemas(result)
 
 
 @pytest.mark.parametrize("name", CORE_LAUNCHER)
@@ -360,6 +417,15 @@ def test_core_over_grpc(dotnet_build: DotnetBuild, daemon: RunningDaemon, models
     _assert_passed(_dotnet(dotnet_build, name, env=env), name)
 
 
+@pytest.mark.parametrize("name", CORE_TOOLS)
+def test_core_tool_calls_over_grpc(dotnet_build: DotnetBuild, smollm2_daemon: RunningDaemon, models: dict[str, Path], tmp_path: Path,
+                                   name: str) -> None:
+    env = {**_tool_env(smollm2_daemon, models, tmp_path), "XLM_TEST_TRANSPORT": "grpc", "XLM_TEST_GRPC": smollm2_daemon.address}
+    result = _dotnet(dotnet_build, name, env=env)
+    _assert_passed(result, name)
+    _assert_tool_calls_fit_their_schemas(result)
+
+
 def test_proto_schema_is_up_to_date() -> None:
     spec = importlib.util.spec_from_file_location("gen_proto_schema", CSHARP_TESTS / "gen_proto_schema.py")
     gen = importlib.util.module_from_spec(spec)
@@ -372,6 +438,9 @@ ENCODE_CASES = [
                          "sampling": {"temperature": 0, "topK": -1, "seed": "18446744073709551615"}, "maxTokens": 8,
                          "stop": ["\n", "END"], "jsonSchema": "{}", "sessionId": "npc", "resetSession": True}),
     ("GenerateRequest", {"prompt": ""}),
+    ("GenerateRequest", {"messages": {"messages": [{"role": "user", "content": "a thief!"}]}, "toolChoice": "flee",
+                         "tools": [{"name": "attack", "description": "attack a target", "parametersJsonSchema": '{"type": "object"}'},
+                                   {"name": "flee"}]}),
     ("AskImageRequest", {"question": "what?", "image": {"raw": {"pixels": "AQIDBA==", "width": 1, "height": 1,
                                                                 "format": "PIXEL_FORMAT_BGRA8", "bottomUp": True}}}),
     ("SetBudgetRequest", {"vramSize": "2G", "maxCpuThreads": 0}),
@@ -405,6 +474,8 @@ def _sample_replies() -> list:
             timings=pb.Timings(total_ms=1.25), session_id="npc",
             image=pb.ImageInfo(original_width=64, encoded_width=32, downscaled=True, image_tokens=16, encode_ms=0.5))),
         pb.GenerateChunk(),
+        pb.GenerateChunk(text='{"name": "flee"}', final=pb.GenerationFinal(
+            finish_reason=pb.FINISH_REASON_TOOL_CALL, tool_call=pb.ToolCall(name="flee", arguments_json='{"to": "north"}'))),
         pb.Status(version="1", phase=pb.ENGINE_PHASE_RELOADING, budget=pb.Budget(vram_bytes=(1 << 63) + 5, auto_vram=True), schedule=schedule,
                   sessions=[pb.SessionInfo(session_id="a", tokens=3, last_used_unix_ms=-2, in_kv_cache=True)],
                   listen_addresses=["127.0.0.1:1", "ws://127.0.0.1:2"], uptime_s=0.1),
@@ -412,7 +483,7 @@ def _sample_replies() -> list:
     ]
 
 
-@pytest.mark.parametrize("reply", range(4))
+@pytest.mark.parametrize("reply", range(len(_sample_replies())))
 def test_proto_decoding_matches_python_protobuf(dotnet_build: DotnetBuild, reply: int) -> None:
     """What Python's protobuf writes, the C# codec reads as the JSON mapping the bridge would send
     (fields at their defaults included, 64-bit integers as strings, enums by name)."""

@@ -10,6 +10,7 @@ const Client := preload("res://addons/xlm_sidecar/xlm_sidecar_client.gd")
 const Call := preload("res://addons/xlm_sidecar/xlm_call.gd")
 const AskOptions := preload("res://addons/xlm_sidecar/xlm_ask_options.gd")
 const Protocol := preload("res://addons/xlm_sidecar/xlm_protocol.gd")
+const Tool := preload("res://addons/xlm_sidecar/xlm_tool.gd")
 const FIXTURES := "res://addons/xlm_sidecar/protocol_fixtures/"
 const TOKEN_PLACEHOLDER := "$TOKEN"
 const TOKEN_ENV := "XLM_SIDECAR_TOKEN"
@@ -57,6 +58,13 @@ func _run_fixture(
 	file_name: String, prelude: Dictionary, url: String, daemon_token: String, vision: bool
 ) -> void:
 	var fixture := _load_json(FIXTURES + file_name)
+	if fixture.get("needs", "") == "smollm2":
+		# Tool calls need the real model: a second daemon, serving SmolLM2.
+		url = OS.get_environment("XLM_TEST_SMOLLM2_WS_URL")
+		daemon_token = OS.get_environment("XLM_TEST_SMOLLM2_TOKEN")
+		if url.is_empty():
+			print("skip %s: no SmolLM2 daemon (XLM_TEST_SMOLLM2_WS_URL)" % file_name)
+			return
 	var token: String = fixture.get("token", daemon_token)
 	var steps: Array = []
 	if fixture.get("prelude", true):
@@ -110,6 +118,15 @@ func _run_step(
 			call = client.ask(args["text"], args["session_id"], _options(args))
 		"ask_json":
 			call = client.ask_json(args["text"], args["schema"], args["session_id"], _options(args))
+		"ask_tools":
+			var tools: Array = []
+			for spec: Dictionary in args["tools"]:
+				tools.append(Tool.new(spec["name"], spec["description"], spec["parameters"]))
+			call = client.ask_tools(
+				args["text"], tools, args["session_id"], _options(args), args["tool_choice"]
+			)
+		"send_tool_result":
+			call = client.send_tool_result(calls[args["call_id"]], args["result"], _options(args))
 		"ask_about_image":
 			var image := _image(args["image"])
 			call = client.ask_about_image(
@@ -193,6 +210,8 @@ func _check_end(call: Call, wait: Dictionary, where: String) -> bool:
 			)
 			and passed
 		)
+	if wait.has("tool_call"):
+		passed = _check_tool_call(call, wait["tool_call"], where) and passed
 	var message: Dictionary = call.final_message if wait.has("final") else call.result
 	for dotted: String in wait.get("positive", []):
 		var value: Variant = message
@@ -200,6 +219,28 @@ func _check_end(call: Call, wait: Dictionary, where: String) -> bool:
 			value = value.get(part, 0) if value is Dictionary else 0
 		passed = _check(where + ": %s > 0" % dotted, float(value) > 0.0, str(message)) and passed
 	return passed
+
+
+## "none": no call; "any": a call of one of the request's tools; else that tool's name. The
+## arguments must be an object holding the tool's required parameters (the Python replay
+## validates them against the whole schema).
+func _check_tool_call(call: Call, expected: String, where: String) -> bool:
+	if expected == "none":
+		return _check(where + ": no tool call", not call.is_tool_call(), _describe(call))
+	var reason_ok := call.finish_reason() == Protocol.FINISH_TOOL_CALL
+	var tools: Array = call.frame[Protocol.KEY_REQUEST].get(Protocol.FIELD_TOOLS, [])
+	var schema: Variant = null
+	for tool: Dictionary in tools:
+		if tool[Protocol.FIELD_NAME] == call.tool_call_name():
+			schema = JSON.parse_string(tool.get(Protocol.FIELD_PARAMETERS_JSON_SCHEMA, "{}"))
+	var named := schema != null and (expected == "any" or call.tool_call_name() == expected)
+	var arguments: Variant = call.tool_call_arguments()
+	var fits := arguments is Dictionary
+	if fits and schema is Dictionary:
+		for required: String in schema.get("required", []):
+			fits = fits and arguments.has(required)
+	var detail := "%s %s" % [call.tool_call_name(), str(arguments)]
+	return _check(where + ": a tool call (%s)" % expected, reason_ok and named and fits, detail)
 
 
 func _run_launch() -> void:

@@ -4,6 +4,8 @@ extends Resource
 ## optional JSON schema. Values left at their defaults (negative or empty) are not sent, so the
 ## daemon's defaults apply. A Resource, so an NPC can keep its options in the inspector.
 
+const Tool := preload("res://addons/xlm_sidecar/xlm_tool.gd")
+
 ## The NPC's persona, sent as the system message on a session's first turn (on every turn when
 ## there is no session). Image questions have no system message and ignore it.
 @export_multiline var system_prompt := ""
@@ -21,6 +23,12 @@ extends Resource
 @export var stop := PackedStringArray()
 ## A JSON schema, as text, that the reply must follow (XlmSidecarClient.ask_json fills it).
 @export_multiline var json_schema := ""
+## Functions the NPC may call (its actions; XlmSidecarClient.ask_tools fills it): the reply is a
+## call of one of them, read with XlmCall.tool_call_name() and tool_call_arguments().
+@export var tools: Array[Tool] = []
+## With tools: "required" (the daemon's default when empty: the reply is a call), "auto" (a call
+## or words), "none" (tools ignored), or one tool's name (a call of that one).
+@export var tool_choice := ""
 ## Forget the session's history before this turn.
 @export var reset_session := false
 ## Give up after this many milliseconds (the call fails with DEADLINE_EXCEEDED); 0 = no limit.

@@ -83,6 +83,27 @@ func image_tokens() -> int:
 	return Protocol.read_int(image, Protocol.FIELD_IMAGE_TOKENS)
 
 
+## ask_tools: whether the reply is a call of one of the tools (finish reason FINISH_TOOL_CALL).
+func is_tool_call() -> bool:
+	return not tool_call_name().is_empty()
+
+
+## The tool the reply called, or "" when it called none.
+func tool_call_name() -> String:
+	return Protocol.read_string(_tool_call(), Protocol.FIELD_NAME)
+
+
+## The call's arguments, parsed: a Dictionary that fits the tool's parameters schema; null when
+## the reply called no tool.
+func tool_call_arguments() -> Variant:
+	if not is_tool_call():
+		return null
+	var json := JSON.new()
+	if json.parse(Protocol.read_string(_tool_call(), Protocol.FIELD_ARGUMENTS_JSON)) != OK:
+		return null
+	return json.data
+
+
 ## The reply parsed as JSON (for ask_json), or null when it is not valid JSON, e.g. because
 ## max_tokens cut it short.
 func parse_json() -> Variant:
@@ -123,3 +144,7 @@ func fail(code: String, message: String) -> void:
 
 func _usage() -> Dictionary:
 	return Protocol.read_dict(final_message, Protocol.FIELD_USAGE)
+
+
+func _tool_call() -> Dictionary:
+	return Protocol.read_dict(final_message, Protocol.FIELD_TOOL_CALL)

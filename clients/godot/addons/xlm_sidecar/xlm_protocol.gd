@@ -52,6 +52,10 @@ const FIELD_HEIGHT := "height"
 const FIELD_FORMAT := "format"
 const FIELD_VRAM_SIZE := "vramSize"
 const FIELD_MAX_CPU_THREADS := "maxCpuThreads"
+const FIELD_TOOLS := "tools"
+const FIELD_DESCRIPTION := "description"
+const FIELD_PARAMETERS_JSON_SCHEMA := "parametersJsonSchema"
+const FIELD_TOOL_CHOICE := "toolChoice"
 
 # Reply fields the addon reads.
 const FIELD_TEXT := "text"
@@ -80,6 +84,8 @@ const FIELD_MAX_MESSAGE_BYTES := "maxMessageBytes"
 const FIELD_RELOADED := "reloaded"
 const FIELD_PAUSE_MS := "pauseMs"
 const FIELD_TOKENS_FREED := "tokensFreed"
+const FIELD_TOOL_CALL := "toolCall"
+const FIELD_ARGUMENTS_JSON := "argumentsJson"
 
 # Enum values, by name as the JSON mapping writes them.
 const ROLE_SYSTEM := "system"
@@ -91,6 +97,10 @@ const FINISH_STOP_STRING := "FINISH_REASON_STOP_STRING"
 const FINISH_CANCELLED := "FINISH_REASON_CANCELLED"
 const FINISH_CONTEXT_FULL := "FINISH_REASON_CONTEXT_FULL"
 const FINISH_TOOL_CALL := "FINISH_REASON_TOOL_CALL"
+## tool_choice values besides a tool's own name.
+const TOOL_CHOICE_REQUIRED := "required"
+const TOOL_CHOICE_AUTO := "auto"
+const TOOL_CHOICE_NONE := "none"
 const PHASE_LOADING := "ENGINE_PHASE_LOADING"
 ## Listening, the model not loaded yet (LOADING, then READY follow).
 const PHASE_STARTING := "ENGINE_PHASE_STARTING"
@@ -110,6 +120,7 @@ const STATUS_UNAVAILABLE := "UNAVAILABLE"
 const STATUS_UNAUTHENTICATED := "UNAUTHENTICATED"
 
 const AskOptions := preload("res://addons/xlm_sidecar/xlm_ask_options.gd")
+const Tool := preload("res://addons/xlm_sidecar/xlm_tool.gd")
 
 
 static func auth_frame(token: String) -> Dictionary:
@@ -130,7 +141,7 @@ static func cancel_frame(call_id: String) -> Dictionary:
 
 
 ## A Generate request: chat messages (the persona first, when given), the shared world context
-## when given, sampling and limits.
+## when given, sampling and limits, and the tools the reply may call.
 static func generate_request(
 	text: String,
 	system_prompt: String,
@@ -148,7 +159,32 @@ static func generate_request(
 		request[FIELD_RESET_SESSION] = true
 	if not world_context.is_empty():
 		request[FIELD_CONTEXT] = world_context
+	if not options.tools.is_empty():
+		var tools: Array = []
+		for tool: Tool in options.tools:
+			tools.append(tool_definition(tool))
+		request[FIELD_TOOLS] = tools
+	if not options.tool_choice.is_empty():
+		request[FIELD_TOOL_CHOICE] = options.tool_choice
 	return request
+
+
+## A tool as xlm.v1.Tool: its parameters schema goes as text (JSON.stringify: keys sorted, no
+## spaces); an empty description or schema is left out.
+static func tool_definition(tool: Tool) -> Dictionary:
+	var definition := {FIELD_NAME: tool.name}
+	if not tool.description.is_empty():
+		definition[FIELD_DESCRIPTION] = tool.description
+	if not tool.parameters.is_empty():
+		definition[FIELD_PARAMETERS_JSON_SCHEMA] = JSON.stringify(tool.parameters)
+	return definition
+
+
+## The user line that reports a tool call's outcome to the model (the daemon's HTTP API writes
+## OpenAI's role "tool" messages the same way): the result as text, or as JSON when it is not.
+static func tool_result_text(tool_name: String, result: Variant) -> String:
+	var written: String = result if result is String else JSON.stringify(result)
+	return "Result of %s: %s" % [tool_name, written]
 
 
 ## An AskImage request with tightly packed, top-down RGBA8 pixels.

@@ -33,6 +33,7 @@ const Protocol := preload("res://addons/xlm_sidecar/xlm_protocol.gd")
 const Call := preload("res://addons/xlm_sidecar/xlm_call.gd")
 const AskOptions := preload("res://addons/xlm_sidecar/xlm_ask_options.gd")
 const Daemon := preload("res://addons/xlm_sidecar/xlm_daemon.gd")
+const Tool := preload("res://addons/xlm_sidecar/xlm_tool.gd")
 const CALL_ID_PREFIX := "xlm-"
 ## A daemon that was just launched refuses connections until it listens: try again this often.
 const RETRY_INTERVAL_MS := 250
@@ -218,6 +219,39 @@ func ask_json(
 	var opts := _options(options).duplicate() as AskOptions
 	opts.json_schema = JSON.stringify(schema)
 	return ask(text, session_id, opts)
+
+
+## Asks for an action as a function call: the reply calls one of `tools` (XlmTool resources)
+## with arguments that fit its parameters schema; read XlmCall.tool_call_name() and
+## tool_call_arguments() once finished. `tool_choice` (else options.tool_choice): "required" (the
+## default), one tool's name, "auto" (a call or words) or "none". Then report how the action went
+## with send_tool_result().
+func ask_tools(
+	text: String,
+	tools: Array,
+	session_id: String = "",
+	options: AskOptions = null,
+	tool_choice: String = ""
+) -> Call:
+	var opts := _options(options).duplicate() as AskOptions
+	var typed: Array[Tool] = []
+	typed.assign(tools)
+	opts.tools = typed
+	if not tool_choice.is_empty():
+		opts.tool_choice = tool_choice
+	return ask(text, session_id, opts)
+
+
+## Tells the model how the action `call` asked for went (`result`: words, or any value JSON can
+## hold) in the call's session; the reply goes on in words, or calls again if options has tools.
+func send_tool_result(call: Call, result: Variant, options: AskOptions = null) -> Call:
+	if call == null or not call.is_tool_call():
+		var refused := _new_call(Protocol.METHOD_GENERATE, "", {})
+		_calls.erase(refused.id)
+		_fail_later(refused, Protocol.STATUS_INVALID_ARGUMENT, "that call made no tool call")
+		return refused
+	var text := Protocol.tool_result_text(call.tool_call_name(), result)
+	return ask(text, call.session_id, options)
 
 
 ## Asks about an image (any format; sent as top-down RGBA8, scaled to max_image_side).

@@ -48,7 +48,7 @@ namespace Xlm.Sidecar
         public Task<GenerationResult> SayAsync(string line, Action<string> onText = null,
             CancellationToken cancellationToken = default(CancellationToken))
         {
-            return TurnAsync(line, null, onText, cancellationToken);
+            return TurnAsync(ChatMessage.User(line), null, null, null, onText, cancellationToken);
         }
 
         /// <summary>A structured action: the reply is JSON that validates against `jsonSchema`, parsed.
@@ -58,7 +58,7 @@ namespace Xlm.Sidecar
         {
             if (string.IsNullOrEmpty(jsonSchema))
                 throw new ArgumentException("a JSON schema is needed for a structured action", "jsonSchema");
-            var result = await TurnAsync(situation, jsonSchema, null, cancellationToken).ConfigureAwait(false);
+            var result = await TurnAsync(ChatMessage.User(situation), jsonSchema, null, null, null, cancellationToken).ConfigureAwait(false);
             object value;
             try
             {
@@ -70,6 +70,30 @@ namespace Xlm.Sidecar
                 throw new FormatException("NPC '" + NpcId + "' did not answer with whole JSON" + hint + ": " + e.Message, e);
             }
             return new NpcAction { Json = result.Text, Value = value, Result = result };
+        }
+
+        /// <summary>An NPC action as a function call: the NPC answers `situation` by calling one of
+        /// `tools` (`choice`: Required by default, Function(name) for that one, Auto to allow words).
+        /// result.ToolCall names the tool and carries its arguments, which fit the tool's schema;
+        /// it is null when the NPC answered in words (Auto) or was cut short (FinishReason.Length).
+        /// Tell the NPC how the action went with ToolResultAsync.</summary>
+        public Task<GenerationResult> ChooseActionAsync(string situation, List<ToolDefinition> tools, ToolChoice choice = null,
+            CancellationToken cancellationToken = default(CancellationToken))
+        {
+            if (tools == null || tools.Count == 0)
+                throw new ArgumentException("declare at least one tool the NPC may call", "tools");
+            return TurnAsync(ChatMessage.User(situation), null, tools, choice, null, cancellationToken);
+        }
+
+        /// <summary>The game did what `call` asked: `result` (JSON or words) goes back to the NPC as
+        /// the call's outcome, and the NPC goes on in words (streamed to `onText`). Pass `tools` to let
+        /// it act again instead.</summary>
+        public Task<GenerationResult> ToolResultAsync(ToolCall call, string result, Action<string> onText = null,
+            List<ToolDefinition> tools = null, ToolChoice choice = null, CancellationToken cancellationToken = default(CancellationToken))
+        {
+            if (call == null)
+                throw new ArgumentNullException("call");
+            return TurnAsync(call.ResultMessage(result), null, tools, choice, onText, cancellationToken);
         }
 
         /// <summary>Forget the conversation: the next turn starts over with the system prompt.</summary>
@@ -98,9 +122,10 @@ namespace Xlm.Sidecar
             }
         }
 
-        async Task<GenerationResult> TurnAsync(string line, string jsonSchema, Action<string> onText, CancellationToken ct)
+        async Task<GenerationResult> TurnAsync(ChatMessage line, string jsonSchema, List<ToolDefinition> tools, ToolChoice choice,
+            Action<string> onText, CancellationToken ct)
         {
-            if (line == null)
+            if (line.Content == null)
                 throw new ArgumentNullException("line");
             if (Interlocked.Exchange(ref replying, 1) != 0)
                 throw new InvalidOperationException("NPC '" + NpcId + "' is still answering: wait for that turn or cancel it first");
@@ -110,7 +135,7 @@ namespace Xlm.Sidecar
                 var messages = new List<ChatMessage>();
                 if (fresh && !string.IsNullOrEmpty(SystemPrompt))
                     messages.Add(ChatMessage.System(SystemPrompt));
-                messages.Add(ChatMessage.User(line));
+                messages.Add(line);
                 var request = new GenerateRequest
                 {
                     Messages = messages,
@@ -121,6 +146,8 @@ namespace Xlm.Sidecar
                     Stop = Stop,
                     JsonSchema = jsonSchema,
                     Context = fresh ? Context : null,
+                    Tools = tools,
+                    ToolChoice = choice,
                 };
                 Action<GenerateChunk> onChunk = null;
                 if (onText != null)

@@ -103,6 +103,8 @@ namespace Xlm.Sidecar
         public string SessionId;
         /// <summary>Set for AskImage.</summary>
         public ImageInfo Image;
+        /// <summary>The call the reply made, with FinishReason.ToolCall; null otherwise.</summary>
+        public ToolCall ToolCall;
 
         internal static GenerationFinal FromJson(JsonObject json)
         {
@@ -115,6 +117,7 @@ namespace Xlm.Sidecar
                 Timings = Timings.FromJson(json.GetObject("timings")),
                 SessionId = json.GetString("sessionId"),
                 Image = ImageInfo.FromJson(json.GetObject("image")),
+                ToolCall = ToolCall.FromJson(json.GetObject("toolCall")),
             };
         }
 
@@ -168,5 +171,7 @@ namespace Xlm.Sidecar
 
         public FinishReason FinishReason { get { return Final != null ? Final.FinishReason : FinishReason.Unspecified; } }
         public Usage Usage { get { return Final != null ? Final.Usage : null; } }
+        /// <summary>The tool the reply called (requests with Tools); null when it called none.</summary>
+        public ToolCall ToolCall { get { return Final != null ? Final.ToolCall : null; } }
     }
 }

@@ -77,6 +77,11 @@ namespace Xlm.Sidecar
         /// NPC's persona. Give every NPC the very same text and the daemon computes it once for all
         /// of them. With a session it counts on the first turn only.</summary>
         public string Context;
+        /// <summary>Functions the NPC may call (its actions), with Messages only: the reply is then a
+        /// call of one of them (GenerationResult.ToolCall, FinishReason.ToolCall). See Tools.cs.</summary>
+        public List<ToolDefinition> Tools;
+        /// <summary>With Tools: Required (the daemon's default), Auto, None or Function(name).</summary>
+        public ToolChoice ToolChoice;
 
         internal JsonObject ToJson()
         {
@@ -98,6 +103,8 @@ namespace Xlm.Sidecar
             AddCommon(json, Sampling, MaxTokens, Stop, JsonSchema, SessionId, RequestId);
             if (ResetSession) json["resetSession"] = true;
             if (!string.IsNullOrEmpty(Context)) json["context"] = Context;
+            if (Tools != null && Tools.Count > 0) json["tools"] = ToolDefinition.ListToJson(Tools);
+            if (ToolChoice != null) json["toolChoice"] = ToolChoice.Value;
             return json;
         }
 

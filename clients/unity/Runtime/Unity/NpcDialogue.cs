@@ -1,4 +1,5 @@
 using System;
+using System.Collections.Generic;
 using System.Text;
 using System.Threading;
 using System.Threading.Tasks;
@@ -97,6 +98,20 @@ namespace Xlm.Sidecar.Unity
         public Task<NpcAction> ActAsync(string situation, string jsonSchema, CancellationToken cancellationToken = default(CancellationToken))
         {
             return TurnAsync((npc, token) => npc.ActAsync(situation, jsonSchema, token), cancellationToken);
+        }
+
+        /// <summary>An action as a function call: the NPC calls one of `tools` (see
+        /// NpcConversation.ChooseActionAsync); the result's ToolCall names it, with its arguments.</summary>
+        public Task<GenerationResult> ChooseActionAsync(string situation, List<ToolDefinition> tools, ToolChoice choice = null,
+            CancellationToken cancellationToken = default(CancellationToken))
+        {
+            return TurnAsync((npc, token) => npc.ChooseActionAsync(situation, tools, choice, token), cancellationToken);
+        }
+
+        /// <summary>How the action went (`result`, JSON or words) goes back to the NPC, which answers in words.</summary>
+        public Task<GenerationResult> ToolResultAsync(ToolCall call, string result, CancellationToken cancellationToken = default(CancellationToken))
+        {
+            return TurnAsync((npc, token) => npc.ToolResultAsync(call, result, null, null, null, token), cancellationToken);
         }
 
         /// <summary>One turn at a time: a new one cancels the one in progress and waits for it to end.</summary>

@@ -12,6 +12,7 @@ namespace Xlm.Sidecar.Tests
             TestRunner.Add("json_round_trips_text_numbers_and_nesting", RoundTrip);
             TestRunner.Add("json_refuses_what_is_not_json", Refuses);
             TestRunner.Add("requests_map_to_protobuf_json", RequestMapping);
+            TestRunner.Add("tool_requests_and_calls_map_to_protobuf_json", ToolMapping);
             TestRunner.Add("budget_table_prefers_scene_then_quality", BudgetTableChoice);
             TestRunner.Add("launcher_quotes_arguments_for_the_command_line", Quoting);
         }
@@ -92,6 +93,43 @@ namespace Xlm.Sidecar.Tests
                 Json.Write(image), "AskImageRequest with raw RGBA8 pixels");
             Check.Equal("{\"vramSize\":\"2G\",\"maxCpuThreads\":3}", Json.Write(SetBudgetRequest.Vram("2G", 3).ToJson()), "SetBudgetRequest");
             Check.Equal("{\"autoReserveBytes\":\"1073741824\"}", Json.Write(SetBudgetRequest.FollowFreeVram(1UL << 30).ToJson()), "auto VRAM");
+            return Task.FromResult(0);
+        }
+
+        static Task ToolMapping()
+        {
+            const string schema = "{\"type\":\"object\",\"properties\":{\"target\":{\"type\":\"string\"}},\"required\":[\"target\"]}";
+            var tools = new List<ToolDefinition> { new ToolDefinition("attack", "attack a target", schema), new ToolDefinition("flee") };
+            var request = new GenerateRequest { Messages = new List<ChatMessage> { ChatMessage.User("a thief!") }, Tools = tools, ToolChoice = ToolChoice.Function("flee") };
+            Check.Equal("{\"messages\":{\"messages\":[{\"role\":\"user\",\"content\":\"a thief!\"}]}," +
+                        "\"tools\":[{\"name\":\"attack\",\"description\":\"attack a target\",\"parametersJsonSchema\":" + Json.Write(schema) + "}," +
+                        "{\"name\":\"flee\"}],\"toolChoice\":\"flee\"}",
+                Json.Write(request.ToJson()), "tools and a named tool_choice");
+            Check.Equal("required", ToolChoice.Required.Value, "required");
+            Check.Equal("auto", ToolChoice.Auto.Value, "auto");
+            Check.Equal("none", ToolChoice.None.Value, "none");
+            request.ToolChoice = null;
+            Check.True(!request.ToJson().ContainsKey("toolChoice"), "no tool_choice: the daemon's default (required)");
+            try
+            {
+                new GenerateRequest { Prompt = "x", Tools = new List<ToolDefinition> { new ToolDefinition("") } }.ToJson();
+                throw new AssertionFailed("accepted a tool without a name");
+            }
+            catch (ArgumentException)
+            {
+            }
+
+            var final = GenerationFinal.FromJson(Json.ParseObject(
+                "{\"finishReason\":\"FINISH_REASON_TOOL_CALL\",\"toolCall\":{\"name\":\"attack\",\"argumentsJson\":\"{\\\"target\\\": \\\"thief\\\"}\"}}"));
+            Check.Equal(FinishReason.ToolCall, final.FinishReason, "finish reason");
+            Check.Equal("attack", final.ToolCall.Name, "the call's name");
+            Check.Equal("thief", final.ToolCall.Arguments.GetString("target"), "its arguments, parsed");
+            Check.Equal("{\"role\":\"user\",\"content\":\"Result of attack: {\\\"hit\\\":true}\"}",
+                Json.Write(final.ToolCall.ResultMessage("{\"hit\":true}").ToJson()), "the result goes back as the call's outcome");
+            Check.Equal("{\"name\":\"attack\",\"arguments\":{\"target\":\"thief\"}}", final.ToolCall.AssistantMessage().Content,
+                "the call as the assistant turn");
+            Check.True(GenerationFinal.FromJson(Json.ParseObject("{\"finishReason\":\"FINISH_REASON_STOP\"}")).ToolCall == null,
+                "no call without toolCall");
             return Task.FromResult(0);
         }
 

@@ -11,6 +11,7 @@ namespace Xlm.Sidecar.Tests
                 return Transports.ProtoTool(args);
             JsonTests.Register();
             ClientTests.Register();
+            ToolTests.Register();
             LauncherTests.Register();
             return TestRunner.Run(args);
         }
