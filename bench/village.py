@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import peers
+from measured_profile import profile_flags
 
 N_NPCS = 16
 REPLY_TOKENS = 48
@@ -149,10 +150,11 @@ class DaemonSide:
         from conftest import start_daemon
 
         self.name = name
-        self._daemon = start_daemon("--model", str(model), *flags)
+        self._daemon = start_daemon("--model", str(model), *profile_flags(), *flags)
         self.client = self._daemon.client(timeout_s=600)
         # The sequences the daemon chose: its "ready" line says (the "listening" one comes before the load).
         self.log_parallel = next((e["parallel"] for e in self._daemon.log_lines if "parallel" in e), None)
+        self.log_profile = next((e.get("profile") for e in self._daemon.log_lines if e.get("event") == "ready"), None)
 
     def wave(self, prompts: list[tuple[str, str, str]], tag: str, follow: bool) -> tuple[list[Spoken], float, int]:
         from sidecar.api import pb
@@ -240,7 +242,7 @@ def run(model: Path, args, results: dict) -> None:
     sides = [DaemonSide("daemon, prefix cache", model), DaemonSide("daemon, no prefix cache", model, "--prefix-cache-mb", "0")]
     print(f"\n== village: {n} NPCs at once, a {WORLD_TOKENS}-token shared world, {PERSONA_TOKENS}-token personas, "
           f"{LINE_TOKENS}-token lines, {REPLY_TOKENS} reply tokens, greedy; then a follow-up wave in the sessions ==")
-    print(f"   daemon sequences (--parallel not given): {sides[0].log_parallel}")
+    print(f"   daemon sequences (--parallel not given): {sides[0].log_parallel}; profile: {sides[0].log_profile}")
     binary = peers.find_llama_binary("llama-server", args.llama_bin and args.llama_bin / "llama-server")
     try:
         if binary:
