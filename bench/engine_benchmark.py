@@ -39,6 +39,7 @@ sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "bench"))
 
 import peers  # noqa: E402
+from measured_profile import profile_flags  # noqa: E402
 
 STORY = "Tell me a long story about a dragon who guards a library."
 PERSONA = (
@@ -157,7 +158,7 @@ def scenario_single(model: Path, args, results: dict) -> None:
                                                             flash_attn=flash, n_ctx=2048, verbose=False)
     runs: dict[str, list[tuple[float, float]]] = {"daemon (its own choice)": [], **{name: [] for name in llms}}
     bench_tg: dict[int, list[float]] = {}
-    daemon = start_daemon("--model", str(model))
+    daemon = start_daemon("--model", str(model), *profile_flags())
     try:
         with daemon.client(timeout_s=600) as c:
             daemon_decode(c, 8, -1)
@@ -309,8 +310,9 @@ def scenario_batch(model: Path, args, results: dict) -> None:
         import httpx
 
         http = stack.enter_context(httpx.Client(limits=httpx.Limits(max_connections=max(streams) * 2)))
-        daemon = start_daemon("--model", str(model), "--parallel", str(max(streams)), "--ctx", str(BATCH_CTX))
+        daemon = start_daemon("--model", str(model), "--parallel", str(max(streams)), "--ctx", str(BATCH_CTX), *profile_flags())
         stack.callback(stop_daemon, daemon)
+        print(f"   daemon profile: {next((e.get('profile') for e in daemon.log_lines if e.get('event') == 'ready'), None)}")
         client = stack.enter_context(daemon.client(timeout_s=600))
         senders: dict[str, dict[int, Callable[[str, int], peers.Streamed]]] = {
             "daemon": {n: (lambda q, k: _daemon_stream(client, q, k)) for n in streams}}
@@ -411,7 +413,7 @@ def scenario_session(model: Path, args, results: dict) -> None:
     from sidecar.api import pb
 
     print("\n== time to first token: turn 2 of a session with a ~500-token persona, against turn 1 ==")
-    daemon = start_daemon("--model", str(model))
+    daemon = start_daemon("--model", str(model), *profile_flags())
     t1, t2, prompt_tokens = [], [], 0
     try:
         with daemon.client(timeout_s=600) as c:

@@ -60,6 +60,9 @@ class Streamed:
     total_s: float
     events: int
     reported_tokens: int | None
+    # Prompt tokens the server says it computed for this request, cache hits left out
+    # (llama-server's `timings.prompt_n` in its last event); None where a server reports none.
+    prompt_computed: int | None = None
 
 
 @dataclass
@@ -92,7 +95,7 @@ class HttpPeer:
         first = None
         parts: list[str] = []
         events = 0
-        reported = None
+        reported = computed = None
         body = {"messages": messages, "max_tokens": max_tokens, "temperature": 0.0, "stream": True,
                 # llama-server reports usage in a last event with this; llama-cpp-python ignores it.
                 "stream_options": {"include_usage": True}}
@@ -108,6 +111,8 @@ class HttpPeer:
                 event = json.loads(data)
                 if event.get("usage"):
                     reported = event["usage"].get("completion_tokens")
+                if isinstance(event.get("timings"), dict) and "prompt_n" in event["timings"]:
+                    computed = event["timings"]["prompt_n"]
                 for choice in event.get("choices") or ():
                     piece = (choice.get("delta") or {}).get("content")
                     if piece:
@@ -115,7 +120,7 @@ class HttpPeer:
                         parts.append(piece)
                         events += 1
         ended = time.perf_counter()
-        return Streamed("".join(parts), (first or ended) - started, ended - started, events, reported)
+        return Streamed("".join(parts), (first or ended) - started, ended - started, events, reported, computed)
 
     def stop(self) -> None:
         self.process.terminate()

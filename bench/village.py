@@ -16,9 +16,10 @@ Per side and wave: time to first token per NPC on the client's clock from the wa
 all 16 have spoken, aggregate tokens/s (reply tokens counted from the streamed text with the
 model's tokenizer, over the wave's wall time), aggregate decode tokens/s (the sum over NPCs of
 tokens after the first over the time from their first token to their last), and the prompt
-tokens the side computed (the daemon's own counter; llama-server reports none here). Repeats are
-interleaved, each with a new world (a round tag opens it), so no side serves a round from an
-earlier one's cache; an untimed wave of short requests first warms every side's sequences.
+tokens the side computed (each side's own counter: the daemon's status, llama-server's
+`timings.prompt_n` per reply). Repeats are interleaved, each with a new world (a round tag opens
+it), so no side serves a round from an earlier one's cache; an untimed wave of short requests
+first warms every side's sequences.
 
     python bench/run.py village [--repeats 3] [--llama-bin DIR]
 """
@@ -32,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import peers
+from measured_profile import profile_flags
 
 N_NPCS = 16
 REPLY_TOKENS = 48
@@ -148,9 +150,11 @@ class DaemonSide:
         from conftest import start_daemon
 
         self.name = name
-        self._daemon = start_daemon("--model", str(model), *flags)
+        self._daemon = start_daemon("--model", str(model), *profile_flags(), *flags)
         self.client = self._daemon.client(timeout_s=600)
-        self.log_parallel = next(e for e in self._daemon.log_lines if e.get("event") == "listening").get("parallel")
+        # The sequences the daemon chose: its "ready" line says (the "listening" one comes before the load).
+        self.log_parallel = next((e["parallel"] for e in self._daemon.log_lines if "parallel" in e), None)
+        self.log_profile = next((e.get("profile") for e in self._daemon.log_lines if e.get("event") == "ready"), None)
 
     def wave(self, prompts: list[tuple[str, str, str]], tag: str, follow: bool) -> tuple[list[Spoken], float, int]:
         from sidecar.api import pb
@@ -199,7 +203,7 @@ class LlamaServerSide:
         self._http = httpx.Client(limits=httpx.Limits(max_connections=2 * N_NPCS))
         self._history: dict[str, list[dict]] = {}
 
-    def wave(self, prompts: list[tuple[str, str, str]], tag: str, follow: bool) -> tuple[list[Spoken], float, None]:
+    def wave(self, prompts: list[tuple[str, str, str]], tag: str, follow: bool) -> tuple[list[Spoken], float, int | None]:
         def send(i: int, started: float) -> Spoken:
             w, p, text = prompts[i]
             key = f"{tag}-{i}"
@@ -210,10 +214,14 @@ class LlamaServerSide:
             sent = time.perf_counter() - started  # chat_stream times from its own request
             s = self._server.chat_stream(self._http, messages, REPLY_TOKENS)
             self._history[key] = messages + [{"role": "assistant", "content": s.text}]
+            computed[i] = s.prompt_computed
             return Spoken(s.text, sent + s.first_s, sent + s.total_s)
 
+        # llama-server's own count: each reply's last event says how many prompt tokens its slot
+        # evaluated (`timings.prompt_n`, what its prompt cache held left out).
+        computed: list[int | None] = [None] * len(prompts)
         replies, wall = _all_at_once(send, len(prompts))
-        return replies, wall, None
+        return replies, wall, None if None in computed else sum(computed)
 
     def end(self, tag: str, n: int) -> None:
         pass
@@ -234,7 +242,7 @@ def run(model: Path, args, results: dict) -> None:
     sides = [DaemonSide("daemon, prefix cache", model), DaemonSide("daemon, no prefix cache", model, "--prefix-cache-mb", "0")]
     print(f"\n== village: {n} NPCs at once, a {WORLD_TOKENS}-token shared world, {PERSONA_TOKENS}-token personas, "
           f"{LINE_TOKENS}-token lines, {REPLY_TOKENS} reply tokens, greedy; then a follow-up wave in the sessions ==")
-    print(f"   daemon sequences (--parallel not given): {sides[0].log_parallel}")
+    print(f"   daemon sequences (--parallel not given): {sides[0].log_parallel}; profile: {sides[0].log_profile}")
     binary = peers.find_llama_binary("llama-server", args.llama_bin and args.llama_bin / "llama-server")
     try:
         if binary:

@@ -247,3 +247,29 @@ def test_xlm_sidecar_bench_hands_every_argument_to_the_runner() -> None:
     bad = subprocess.run([sys.executable, "-m", "sidecar", "bench", "nonsense", "--quick"], capture_output=True, text=True,
                          timeout=60, cwd=REPO)
     assert bad.returncode == 2 and "bench/run.py: error" in bad.stderr
+
+
+def test_a_streamed_reply_carries_the_prompt_tokens_the_server_computed() -> None:
+    # The events are the shape llama-server's /v1/chat/completions streams (its last event holds
+    # `timings`); a replay, since llama-server is built outside the repo. The village benchmark
+    # sums `prompt_computed` as llama-server's own count of prompt tokens computed.
+    import httpx
+    import peers
+
+    events = [
+        {"choices": [{"index": 0, "delta": {"role": "assistant", "content": None}}]},
+        {"choices": [{"index": 0, "delta": {"content": "Hello"}}]},
+        {"choices": [{"index": 0, "delta": {"content": " there"}, "finish_reason": None}]},
+        {"choices": [], "usage": {"completion_tokens": 2, "prompt_tokens": 1094, "total_tokens": 1096},
+         "timings": {"cache_n": 1012, "prompt_n": 82, "predicted_n": 2}},
+    ]
+    body = "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
+    transport = httpx.MockTransport(lambda request: httpx.Response(200, text=body, headers={"content-type": "text/event-stream"}))
+    peer = peers.HttpPeer("replay", process=None, base_url="http://replay")  # type: ignore[arg-type]
+    with httpx.Client(transport=transport) as client:
+        got = peer.chat_stream(client, [{"role": "user", "content": "hi"}], 2)
+    assert (got.text, got.events, got.reported_tokens, got.prompt_computed) == ("Hello there", 2, 2, 82)
+    without = body.replace(', "timings": {"cache_n": 1012, "prompt_n": 82, "predicted_n": 2}', "")
+    transport = httpx.MockTransport(lambda request: httpx.Response(200, text=without))
+    with httpx.Client(transport=transport) as client:
+        assert peer.chat_stream(client, [{"role": "user", "content": "hi"}], 2).prompt_computed is None
