@@ -11,7 +11,7 @@ measurements), quiet and beside a busy loop on one core, in one run.
    and the one that landed beside the busy loop; rounds interleaved over the daemons, quiet and
    with the busy loop running during the stream. Target: background / reference >= 0.95x.
 
-    python bench/profile_landing.py --reference PROFILE.json [--rounds 3] [--tokens 64] [--land-s 150]
+    python bench/profile_landing.py --reference PROFILE.json [--rounds 5] [--tokens 64] [--land-s 150]
 """
 
 from __future__ import annotations
@@ -148,7 +148,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--reference", type=Path, required=True,
                     help="a profile taken on a quiet machine by `xlm-sidecar profile --out`")
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--land-s", type=float, default=150.0, help="how long to wait for the background profile")
     ap.add_argument("--starts", type=int, default=1, help="first starts per condition (alternating)")
@@ -171,14 +171,21 @@ def main() -> None:
     daemons = {name: start_daemon("--budget", "0", "--profile", str(path)) for name, path in profiles.items()}
     rates: dict[tuple[str, bool], list[float]] = {}
     try:
+        plans = {}
         for name, d in daemons.items():
             ready = next(e for e in d.log_lines if e.get("event") == "ready")
-            print(f"{name:13s} tier_threads {ready.get('tier_threads')}", flush=True)
+            plans[name] = {k: ready.get(k) for k in ("ctx", "parallel", "tier_threads", "placement")}
+            print(f"{name:13s} plan {json.dumps(plans[name])}", flush=True)
             stream_rate(d, 8, "warm-up")
+        same = all(p == plans["reference"] for p in plans.values())
+        print("the plans are", "the same: the ratios below measure noise" if same else "different", flush=True)
+        names = list(daemons)
         for busy in (False, True):
             with busy_core(busy):
                 for r in range(args.rounds):
-                    for name, d in daemons.items():
+                    # The order rotates each round, so no daemon always streams first after a pause.
+                    for name in names[r % len(names):] + names[:r % len(names)]:
+                        d = daemons[name]
                         rate = stream_rate(d, args.tokens, f"round {r} {name}")
                         rates.setdefault((name, busy), []).append(rate)
                         print(f"{'busy ' if busy else 'quiet'} round {r} {name:13s} {rate:6.1f} tokens/s ({uptime()})",
@@ -200,8 +207,10 @@ def main() -> None:
             if name == "reference":
                 continue
             med = statistics.median(rates[(name, busy)])
-            line += f"; {name} {med:.1f} ({med / ref:.2f}x)"
-        print(line + " (target >= 0.95x)")
+            spread = f"{min(rates[(name, busy)]):.1f}..{max(rates[(name, busy)]):.1f}"
+            line += f"; {name} {med:.1f} [{spread}] ({med / ref:.2f}x)"
+        ref_spread = f"{min(rates[('reference', busy)]):.1f}..{max(rates[('reference', busy)]):.1f}"
+        print(line + f" (reference [{ref_spread}]; medians of {args.rounds} rounds; target >= 0.95x)")
     print("end:", uptime())
 
 
