@@ -94,3 +94,18 @@ def test_a_profile_that_landed_beside_the_loop_is_used_at_the_next_start_and_ref
     assert refreshed.created_at != busy.created_at or refreshed.duration_s != busy.duration_s
     if refreshed.contention < 0.1:  # measured quiet (this machine is shared): nothing left deferred
         assert not refreshed.deferred_threads
+
+
+def test_a_burst_above_the_environment_stops_a_slice() -> None:
+    from sidecar.profiler.environment import BURST_CHECK_S, BURST_CORES, BurstWatch
+    from sidecar.profiler.machine_load import others_busy_now
+
+    logical = discover_hardware().logical_cores
+    level = others_busy_now(0.5) * logical  # whatever else this shared machine runs is the environment
+    watch = BurstWatch(logical, level + BURST_CORES)
+    with busy_loop_on_one_core():
+        deadline = time.monotonic() + 5 * BURST_CHECK_S
+        while not watch() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert watch.burst, "a whole core more of load was not seen as a burst"
+    assert watch(), "a burst once seen stops the slice for good"
