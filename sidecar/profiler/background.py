@@ -29,10 +29,10 @@ from pathlib import Path
 import structlog
 
 from sidecar.profiler.database import KernelEntry, ProfileDB, save_profile
+from sidecar.profiler.environment import BURST_CORES, BurstWatch, LoadHistory, threads_that_fit
 from sidecar.profiler.hardware import HardwareInfo
 from sidecar.profiler.kernels import ProbeInterrupted, interruptible
 from sidecar.profiler.llama_runtime import quiet_llama_logs_on_this_thread
-from sidecar.profiler.environment import BURST_CORES, BurstWatch, LoadHistory, threads_that_fit
 from sidecar.profiler.machine_load import others_busy_now
 from sidecar.profiler.plan import ProfilePlan
 from sidecar.profiler.quality import step_disturbed
