@@ -34,3 +34,34 @@ def test_only_disturbed_figures_are_capped_by_fewer_threads() -> None:
     quiet = {("cpu", 1, 1, 2): 0.9}
     points, _ = cap_disturbed([_point(1, 10.0, False), _point(2, 30.0, True)], key, quiet)
     assert abs(next(p for p in points if p.threads == 2).seconds - 9.0) < 1e-9
+
+
+def test_the_steady_load_is_the_environment_and_bursts_stand_out() -> None:
+    from sidecar.profiler.environment import LoadHistory, threads_that_fit
+
+    # A game's main loop on one of two cores: one thread fits beside it, two do not.
+    assert threads_that_fit((1, 2), logical_cores=2, others_cores=1.02) == (1,)
+    assert threads_that_fit((1, 2), logical_cores=2, others_cores=0.05) == (1, 2)
+    assert threads_that_fit((1, 8, 16), logical_cores=16, others_cores=1.0) == (1, 8)
+    # Something is always measured, even when the others hold every core.
+    assert threads_that_fit((1, 2), logical_cores=2, others_cores=2.0) == (1,)
+    history = LoadHistory(window_s=10.0)
+    for i in range(20):
+        history.add(1.0, now=i * 0.4)
+    assert abs(history.level() - 1.0) < 1e-9 and not history.in_burst() and not history.quiet()
+    history.add(1.9, now=8.4)  # a level load starts
+    assert history.in_burst() and history.level() == 1.0
+
+
+def test_deferred_thread_counts_are_estimated_from_fewer_threads() -> None:
+    from sidecar.planner.disturbed import fill_deferred
+
+    key = ("op", "device", "shape", "weight_type", "batch", "busy")
+    points, added = fill_deferred([_point(1, 10.0, False)], key, (2,))
+    assert added == 1
+    two = next(p for p in points if p.threads == 2)
+    assert two.disturbed and abs(two.seconds - 10.0 * 0.5 ** 0.5) < 1e-9
+    # A series that measured the thread count keeps its figure; nothing deferred, nothing added.
+    measured = [_point(1, 10.0, False), _point(2, 6.0, False)]
+    assert fill_deferred(measured, key, (2,)) == (measured, 0)
+    assert fill_deferred([_point(1, 10.0, False)], key, ()) == ([_point(1, 10.0, False)], 0)

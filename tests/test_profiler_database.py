@@ -188,3 +188,20 @@ def test_full_size_profile_stays_small():
     db = replace(make_db(), entries=tuple(entries))
     assert len(entries) > 1400
     assert len(encode_profile(db)) < 200_000
+
+
+def test_deferred_thread_counts_round_trip_and_are_optional(tmp_path) -> None:
+    import json
+    from dataclasses import replace
+
+    from sidecar.profiler.database import load_profile, save_profile
+    from sidecar.profiler.quality import profile_disturbed
+
+    db = replace(make_db(), deferred_threads=(2,))
+    loaded = load_profile(save_profile(db, tmp_path / "p.json"))
+    assert loaded.deferred_threads == (2,) and profile_disturbed(loaded)
+    # A file written before the field existed reads as nothing deferred.
+    data = json.loads((tmp_path / "p.json").read_text())
+    del data["deferred_threads"]
+    (tmp_path / "old.json").write_text(json.dumps(data))
+    assert load_profile(tmp_path / "old.json").deferred_threads == ()

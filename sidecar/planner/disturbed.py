@@ -65,3 +65,34 @@ def cap_disturbed(points: list, key_fields: tuple[str, ...], ratios: dict[tuple,
             done.append(p)
         out += done
     return out, changed
+
+
+def fill_deferred(points: list, key_fields: tuple[str, ...], deferred_threads: tuple[int, ...],
+                  ratios: dict[tuple, float] | None = None, scale_with_threads: bool = True) -> tuple[list, int]:
+    """`points` plus, for every series (points agreeing on `key_fields`) that lacks one of
+    `deferred_threads`, an estimate at that thread count from its fewer-thread figures by the same
+    rule that caps a disturbed figure, marked disturbed. The background profile defers the thread
+    counts whose cores other processes' steady load held (sidecar.profiler.environment): without
+    a figure for them the planner could not choose them at all. Returns (points, estimates added)."""
+    if not deferred_threads:
+        return points, 0
+    ratios = ratios or {}
+    series: dict[tuple, list] = defaultdict(list)
+    for p in points:
+        series[tuple(getattr(p, f) for f in key_fields)].append(p)
+    added: list = []
+    for group in series.values():
+        have = {p.threads for p in group}
+        for t in sorted(set(deferred_threads) - have):
+            fewer = [q for q in group if q.threads < t]
+            if not fewer:
+                continue
+
+            def predicted(q, t=t) -> float:
+                if not scale_with_threads:
+                    return q.seconds
+                r = ratios.get((q.device, q.batch, q.threads, t), _default_ratio(q.threads, t))
+                return q.seconds * min(r, 1.0)
+            best = min(fewer, key=predicted)
+            added.append(replace(best, threads=t, seconds=predicted(best), disturbed=True))
+    return points + added, len(added)

@@ -15,7 +15,7 @@ from functools import cached_property
 from typing import Any
 
 from sidecar.budget import parse_size
-from sidecar.planner.disturbed import cap_disturbed, quiet_ratios
+from sidecar.planner.disturbed import cap_disturbed, fill_deferred, quiet_ratios
 from sidecar.profiler.database import KernelEntry, ProfileDB
 from sidecar.profiler.quality import entry_disturbed
 
@@ -179,8 +179,8 @@ def _device(label: str) -> str:
 
 
 def _kernel_points(entries: tuple[KernelEntry, ...], gpu_label: str | None,
-                   logical_cores: int = 1) -> tuple[list[KernelPoint], int, int]:
-    """(points, figures adjusted to be monotone in batch, disturbed figures capped)."""
+                   logical_cores: int = 1, deferred_threads: tuple[int, ...] = ()) -> tuple[list[KernelPoint], int, int]:
+    """(points, figures adjusted to be monotone in batch, disturbed figures capped or estimated)."""
     raw: list[KernelPoint] = []
     for e in entries:
         if e.op not in ("attn_qkvo", "ffn", "moe_experts") or e.seconds <= 0:
@@ -190,8 +190,14 @@ def _kernel_points(entries: tuple[KernelEntry, ...], gpu_label: str | None,
         raw.append(KernelPoint(e.op, _device(e.device), e.shape, e.weight_type, e.batch, e.threads,
                                e.condition != "idle", e.seconds, float(e.weight_bytes), e.flops,
                                entry_disturbed(e.load, e.threads, logical_cores)))
-    capped_points, capped = cap_disturbed(raw, ("op", "device", "shape", "weight_type", "batch", "busy"),
-                                          quiet_ratios(raw))
+    series_key = ("op", "device", "shape", "weight_type", "batch", "busy")
+    ratios = quiet_ratios(raw)
+    capped_points, capped = cap_disturbed(raw, series_key, ratios)
+    # Deferred thread counts are CPU thread counts: GPU series run on the most threads measured.
+    cpu = [p for p in capped_points if p.device == "cpu"]
+    filled, estimated = fill_deferred(cpu, series_key, deferred_threads, ratios)
+    capped_points = filled + [p for p in capped_points if p.device != "cpu"]
+    capped += estimated
     groups: dict[tuple, list[KernelPoint]] = defaultdict(list)
     for p in capped_points:
         groups[(p.op, p.device, p.shape, p.weight_type, p.threads, p.busy)].append(p)
@@ -205,7 +211,7 @@ def _kernel_points(entries: tuple[KernelEntry, ...], gpu_label: str | None,
 
 
 def _overhead_points(entries: tuple[KernelEntry, ...], gpu_label: str | None,
-                     logical_cores: int = 1) -> list[OverheadPoint]:
+                     logical_cores: int = 1, deferred_threads: tuple[int, ...] = ()) -> list[OverheadPoint]:
     # The skeleton's cost does not depend on the weight type, so the median over types is the
     # figure, robust to one noisy probe.
     samples: dict[tuple[str, str, int, int], list[float]] = defaultdict(list)
@@ -223,6 +229,9 @@ def _overhead_points(entries: tuple[KernelEntry, ...], gpu_label: str | None,
     # Overheads are barriers and launches: more threads do not make them cheaper, but a disturbed
     # figure may not make them dearer than the fewer-thread one either.
     capped, _ = cap_disturbed(points, ("kind", "device", "batch"), scale_with_threads=False)
+    cpu = [p for p in capped if p.device == "cpu"]
+    filled, _ = fill_deferred(cpu, ("kind", "device", "batch"), deferred_threads, scale_with_threads=False)
+    capped = filled + [p for p in capped if p.device != "cpu"]
     return sorted(capped, key=lambda p: (p.kind, p.device, p.batch, p.threads))
 
 
@@ -243,12 +252,14 @@ def hardware_from_profile(db: ProfileDB) -> HardwareModel:
     gpu_label = gpu_devices[0].name.lower() if gpu_devices else None
     if len(gpu_devices) > 1:
         notes.append(f"{len(gpu_devices)} GPUs profiled; planning for the first, {gpu_devices[0].name}")
-    points, changed, capped = _kernel_points(db.entries, gpu_label, hw.logical_cores)
+    deferred = tuple(getattr(db, "deferred_threads", ()))
+    points, changed, capped = _kernel_points(db.entries, gpu_label, hw.logical_cores, deferred)
     if changed:
         notes.append(f"{changed} kernel figures adjusted to be monotone in batch (noisy profile)")
     if capped:
         notes.append(f"{capped} multi-threaded kernel figures measured under load capped by their "
-                     "fewer-thread figures (they may not make fewer threads look faster)")
+                     "fewer-thread figures (they may not make fewer threads look faster)"
+                     + (f", or estimated from them for the deferred thread counts {list(deferred)}" if deferred else ""))
     dram_by_threads = {b.threads: b.gbps for b in db.bandwidths if b.kind == "dram_read" and b.device == "cpu"}
     dram = db.dram_read_gbps() or DEFAULT_GBPS_PER_CORE * hw.physical_cores
     per_core = dram_by_threads.get(1, dram / max(hw.physical_cores, 1))
@@ -273,7 +284,7 @@ def hardware_from_profile(db: ProfileDB) -> HardwareModel:
     return HardwareModel(
         name=hw.cpu_model if gpu is None else f"{hw.cpu_model} + {gpu.name}",
         source=f"profile:{db.fingerprint}", cpu=cpu, gpu=gpu, kernels=tuple(points),
-        overheads=tuple(_overhead_points(db.entries, gpu_label, hw.logical_cores)), notes=tuple(notes),
+        overheads=tuple(_overhead_points(db.entries, gpu_label, hw.logical_cores, deferred)), notes=tuple(notes),
     )
 
 

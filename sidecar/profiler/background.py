@@ -2,14 +2,18 @@
 
 The daemon starts on a plan from built-in defaults; this thread measures the profile's steps
 (sidecar.profiler.steps) one slice at a time, only while the engine has had nothing to do for a
-moment and other processes leave the CPUs quiet, at the lowest scheduling priority. A slice
-stops within one probe decode when the engine gets work (ProbeInterrupted), and a slice that
-overlapped engine work or high load from other processes is thrown away and measured again
-later. A step the machine never lets be quiet for is taken under load after QUIET_PATIENCE_S, its
-figures marked by their load (the planner does not let such figures pick fewer threads), so a
-machine that is never quiet
-still ends up with a profile. When every step is in, the profile is saved and handed to
-`on_complete`, which re-plans; steps taken under load are then measured again whenever the
+moment, at the lowest scheduling priority. A slice stops within one probe decode when the engine
+gets work (ProbeInterrupted) and is measured again later.
+
+Other processes' load is judged against what a game's PC always looks like
+(sidecar.profiler.environment): the steady load is the environment, and a slice measures the
+thread counts that fit beside it (all of them on a quiet machine), deferring the others to a
+quiet moment (the planner estimates them from fewer threads meanwhile). A burst above the
+environment stops the slice, which is measured again, at most MAX_BURST_RETRIES times per step;
+after that its figures are kept, fastest of their trials, marked by the load they saw. So a PC
+that is never quiet still gets its profile, in about the time of the steps at the fitting thread
+counts. When every step is in, the profile is saved and handed to `on_complete`, which re-plans;
+steps with deferred thread counts or taken under load are then measured again whenever the
 machine is quiet, and the improved profile is saved and handed over again.
 """
 
@@ -19,17 +23,19 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import structlog
 
 from sidecar.profiler.database import KernelEntry, ProfileDB, save_profile
+from sidecar.profiler.environment import BURST_CORES, BurstWatch, LoadHistory, threads_that_fit
 from sidecar.profiler.hardware import HardwareInfo
 from sidecar.profiler.kernels import ProbeInterrupted, interruptible
 from sidecar.profiler.llama_runtime import quiet_llama_logs_on_this_thread
 from sidecar.profiler.machine_load import others_busy_now
 from sidecar.profiler.plan import ProfilePlan
-from sidecar.profiler.quality import DISTURBED_CORES, step_disturbed
+from sidecar.profiler.quality import step_disturbed
 from sidecar.profiler.steps import (
     ScratchDir,
     StepResult,
@@ -50,9 +56,13 @@ POLL_S = 0.2
 # How often a running slice asks whether the engine got work (each ask reads engine counters).
 CHECK_EVERY_S = 0.01
 MAX_ATTEMPTS = 4
-# A machine that is never quiet (a game running) still gets its profile: after waiting this long
-# for quiet, a step is measured anyway, marked by its load, and taken again later.
+# A slice that a burst of other load overlapped is measured again at most this many times; then
+# its figures are kept, marked by their load (a PC whose load never settles still gets a profile).
+MAX_BURST_RETRIES = 2
+# A slice waits at most this long for a burst to pass before it starts anyway (watched as above).
 QUIET_PATIENCE_S = 10.0
+# Samples of the others' load the first slice waits for, so the environment is a level, not a blip.
+SETTLE_S = 1.0
 
 
 class EngineActivity:
@@ -123,6 +133,7 @@ class BackgroundProfiler:
         self._stop = threading.Event()
         self.discarded = 0
         self._loaded_since: float | None = None
+        self._history = LoadHistory()
         self.result: ProfileDB | None = None  # the last profile handed over
         self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="xlm-profile", daemon=True)
@@ -157,7 +168,7 @@ class BackgroundProfiler:
             scratch.close()
 
     def _measure(self, scratch: ScratchDir) -> None:
-        """First every step once (quiet if the machine allows within QUIET_PATIENCE_S), then the
+        """First every step once (beside the environment, see `_wait_for_slice`), then the
         profile is saved and handed over; then the steps taken under load again, only when quiet,
         and the profile saved and handed over once more if any were."""
         started = time.monotonic()
@@ -171,7 +182,7 @@ class BackgroundProfiler:
         self._finish(steps, results, started)
         logical = self.hardware.logical_cores
         for _attempt in range(MAX_ATTEMPTS - 1):
-            loaded = [i for i, r in enumerate(results) if step_disturbed(r.load, logical)]
+            loaded = [i for i, r in enumerate(results) if step_disturbed(r.load, logical) or r.deferred_threads]
             if not loaded:
                 return
             for i in loaded:
@@ -180,27 +191,48 @@ class BackgroundProfiler:
             self._finish(steps, results, started)
 
     def _take(self, steps, setup, results: list[StepResult | None], i: int, patient: bool) -> bool:
-        """Measure step `i` until a take did not overlap engine work; False when stopped."""
+        """Measure step `i` until a take did not overlap engine work (nor, MAX_BURST_RETRIES times,
+        a burst of other load); False when stopped."""
+        logical = self.hardware.logical_cores
+        bursts = 0
         while not self._stop.is_set():
-            if not self._wait_for_idle(patient):
+            if not self._wait_for_slice(patient):
                 self._stop.wait(POLL_S)
                 continue
             done = sum(1 for r in results if r is not None)
             self._on_progress(done, len(steps), steps[i].label, self.discarded)
             entries: list[KernelEntry] = [e for r in results if r is not None for e in r.entries]
+            level = self._history.level()
+            fit = threads_that_fit(setup.threads, logical, level)
+            # Quantizing a probe splits every tensor over its threads too: a starved one stalls it.
+            sliced = replace(setup, threads=fit, quantize_threads=max(1, min(setup.quantize_threads, max(fit))))
+            allowed = level + BURST_CORES
+            watch = BurstWatch(logical, allowed) if bursts < MAX_BURST_RETRIES else None
             try:
-                with interruptible(lambda: self._stop.is_set() or self.activity.busy()):
-                    taken = measure_step(steps[i], setup, entries)
+                with interruptible(lambda: self._stop.is_set() or self.activity.busy() or (watch is not None and watch())):
+                    taken = measure_step(steps[i], sliced, entries)
             except ProbeInterrupted:
                 self.discarded += 1
-                log.debug("profile slice thrown away: the engine got work", step=steps[i].label)
+                if watch is not None and watch.burst:
+                    bursts += 1
+                    log.debug("profile slice thrown away: a burst of other load", step=steps[i].label,
+                              environment=round(level, 2))
+                else:
+                    log.debug("profile slice thrown away: the engine got work", step=steps[i].label)
                 continue
             if self.activity.idle_for() == 0.0:
                 self.discarded += 1  # the engine worked meanwhile (between two checks)
                 continue
-            if step_disturbed(taken.load, self.hardware.logical_cores):
-                self.discarded += results[i] is not None  # a retry that found the machine loaded again
-                log.debug("profile slice measured under load", step=steps[i].label, load=round(taken.load, 3))
+            others = taken.load * logical
+            self._history.add(others)
+            if others > allowed and bursts < MAX_BURST_RETRIES:
+                bursts += 1  # a burst between two checks, or too short for one
+                self.discarded += 1
+                continue
+            taken.deferred_threads = tuple(t for t in setup.threads if t not in fit)
+            if step_disturbed(taken.load, logical):
+                log.debug("profile slice measured beside other load", step=steps[i].label,
+                          load=round(taken.load, 3), environment=round(level, 2), threads=list(fit))
             results[i] = taken if results[i] is None else keep_fastest(results[i], taken)
             return True
         return False
@@ -215,21 +247,22 @@ class BackgroundProfiler:
                  slices_discarded=self.discarded, contention=round(db.contention, 3))
         self._on_complete(db)
 
-    def _wait_for_idle(self, patient: bool) -> bool:
-        """True once the engine has been idle IDLE_BEFORE_S and others leave the CPUs quiet, or
-        (`patient`) have kept them loaded for QUIET_PATIENCE_S."""
+    def _wait_for_slice(self, patient: bool) -> bool:
+        """Sample the others' load; True once the engine has been idle IDLE_BEFORE_S and the load
+        allows a slice: not in a burst above the environment (or, `patient`, a burst that lasted
+        QUIET_PATIENCE_S: the level catches up with a load that stays), or quiet (not `patient`:
+        the re-measures, which want every thread count)."""
+        self._history.add(others_busy_now(POLL_S) * self.hardware.logical_cores)
         if self.activity.idle_for() < IDLE_BEFORE_S:
             return False
-        others = others_busy_now(POLL_S) * self.hardware.logical_cores
-        if self.activity.idle_for() < IDLE_BEFORE_S:
+        if not patient:
+            return self._history.quiet()
+        if self._history.span_s() < SETTLE_S:
             return False
-        if others < DISTURBED_CORES:
+        if not self._history.in_burst():
             self._loaded_since = None
             return True
-        if not patient:
-            return False
         now = time.monotonic()
         if self._loaded_since is None:
             self._loaded_since = now
-        # Once patience ran out it stays out until a quiet sample: the steps then follow at once.
         return now - self._loaded_since >= QUIET_PATIENCE_S

@@ -131,6 +131,11 @@ class ProfileDB:
     entries: tuple[KernelEntry, ...]
     bandwidths: tuple[BandwidthEntry, ...]
     notes: tuple[str, ...]
+    # CPU thread counts some steps did not measure because other processes' steady load held
+    # the cores they need (the background profile on a busy PC): the planner estimates those
+    # figures from fewer threads, and the profile is measured again when the machine is quiet.
+    # Optional on disk (absent = none), so it needs no schema version of its own.
+    deferred_threads: tuple[int, ...] = ()
 
     def shape(self, name: str) -> ProbeShape | None:
         """The probe shape called `name`, if this profile measured it."""
@@ -227,6 +232,7 @@ def profile_to_dict(db: ProfileDB) -> dict[str, Any]:
         },
         "bandwidths": [{**asdict(b), "gbps": _round(b.gbps)} for b in db.bandwidths],
         "notes": list(db.notes),
+        "deferred_threads": list(db.deferred_threads),
     }
 
 
@@ -274,6 +280,7 @@ def profile_from_dict(data: dict[str, Any]) -> ProfileDB:
             entries=tuple(KernelEntry(*row) for row in table["rows"]),
             bandwidths=tuple(BandwidthEntry(**b) for b in data["bandwidths"]),
             notes=tuple(data["notes"]),
+            deferred_threads=tuple(int(t) for t in data.get("deferred_threads", ())),
         )
     except ProfileFormatError:
         raise

@@ -26,9 +26,11 @@ def step_disturbed(load: float, logical_cores: int) -> bool:
 
 
 def entry_disturbed(load: float, threads: int, logical_cores: int) -> bool:
-    """Whether a figure on `threads` threads, measured under `load`, is known to be too slow."""
+    """Whether a figure on `threads` threads, measured under `load`, is known to be too slow: our
+    threads and theirs did not fit the cores (with DISTURBED_CORES of slack, so one thread beside
+    a busy loop on the other of two cores, measured at 1.02 cores, is not disturbed)."""
     others = others_cores(load, logical_cores)
-    return others >= DISTURBED_CORES and threads + others > logical_cores
+    return others >= DISTURBED_CORES and threads + others > logical_cores + DISTURBED_CORES
 
 
 def disturbed_share(db) -> float:
@@ -41,8 +43,9 @@ def disturbed_share(db) -> float:
 
 
 def profile_disturbed(db) -> bool:
-    """A profile to measure again: any kernel figure disturbed, or (profiles from before per-step
-    load sampling) the whole run's contention above what the quiet threshold allows."""
-    if disturbed_share(db) > 0:
+    """A profile to measure again: any kernel figure disturbed or thread count deferred, or
+    (profiles from before per-step load sampling) the whole run's contention above what the
+    quiet threshold allows."""
+    if disturbed_share(db) > 0 or getattr(db, "deferred_threads", ()):
         return True
     return step_disturbed(db.contention, db.hardware.logical_cores)

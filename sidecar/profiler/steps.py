@@ -38,6 +38,9 @@ class StepResult:
     notes: list[str] = field(default_factory=list)
     # Share of all CPUs other processes kept busy while the step ran (0..1).
     load: float = 0.0
+    # Thread counts the step left out because other processes' steady load held the cores they
+    # need (sidecar.profiler.environment); the planner estimates them from fewer threads.
+    deferred_threads: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -129,7 +132,9 @@ def keep_fastest(old: StepResult, new: StepResult) -> StepResult:
         if key not in best or e.seconds < best[key].seconds:
             best[key] = e
     load = min(old.load, new.load)
-    return StepResult(list(best.values()), new.bandwidths or old.bandwidths, new.notes, load)
+    # A thread count stays deferred only if neither take measured it.
+    deferred = tuple(sorted(set(old.deferred_threads) & set(new.deferred_threads)))
+    return StepResult(list(best.values()), new.bandwidths or old.bandwidths, new.notes, load, deferred)
 
 
 def make_setup(plan: ProfilePlan, hardware: HardwareInfo, scratch: Path, cache_dir: Path | None = None) -> ProbeSetup:
@@ -174,6 +179,13 @@ def assemble_profile(
             f"{DISTURBED_CORES} of a core (worst {contention:.0%} of the CPUs): their multi-threaded figures are "
             "marked and the planner does not trust them to pick fewer threads; profile again when the machine is idle"
         )
+    deferred = tuple(sorted({t for r in results for t in r.deferred_threads}))
+    if deferred:
+        notes.append(
+            f"{sum(bool(r.deferred_threads) for r in results)} of {len(results)} steps were measured beside other "
+            f"processes' steady load, without {', '.join(map(str, deferred))} threads (their cores were taken): "
+            "the planner estimates those from the fewer-thread figures until the machine is quiet"
+        )
     return ProfileDB(
         schema_version=SCHEMA_VERSION,
         fingerprint=fingerprint_of(hardware, llama_version, system_info),
@@ -188,6 +200,7 @@ def assemble_profile(
         entries=tuple(merge_overheads(entries)),
         bandwidths=tuple(bandwidths),
         notes=tuple(notes),
+        deferred_threads=deferred,
     )
 
 
