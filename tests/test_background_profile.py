@@ -53,13 +53,21 @@ def test_a_slice_that_overlaps_engine_work_is_thrown_away(smollm2_path, tmp_path
             threading.Thread(target=lambda: asked.append(_ask(engine, "Once upon a time")), daemon=True).start()
 
     landed: list[object] = []
+    profiler = None
     try:
         profiler = BackgroundProfiler(
             tiny_plan(), discover_hardware(), tmp_path / "profile.json", EngineActivity(engine),
             on_progress, landed.append, cache_dir=tmp_path / "probes",
         ).start()
-        assert profiler.join(240), "the background profile never finished"
+        # The first hand-over is what counts; on a busy machine the profiler then stays to measure
+        # the deferred thread counts again once it is quiet, so it is stopped here.
+        deadline = time.monotonic() + 240
+        while not landed and time.monotonic() < deadline and profiler.error is None:
+            time.sleep(0.2)
+        assert landed or profiler.error, "the background profile never landed"
     finally:
+        if profiler is not None:
+            profiler.stop()
         engine.close()
     assert profiler.error is None, profiler.error
     assert asked, "no request was made during a slice"
