@@ -73,17 +73,9 @@ class ImageEncodes:
         """The job's image is not encoded yet: it must not be admitted."""
         return self.wants(job) and job.encoded is None
 
-    @property
-    def encoding(self) -> bool:
-        return self._current is not None
-
     def has_work(self, waiting: Iterable[Job]) -> bool:
         """An encode runs, or an image waits for one: the engine must keep polling."""
         return self._current is not None or any(self.pending(j) for j in waiting)
-
-    @property
-    def worker_pid(self) -> int | None:
-        return self._process.pid
 
     def per_pass_threads(self, threads: int) -> int:
         """`threads` for a forward pass, under the split while an encode runs."""

@@ -44,16 +44,6 @@ class EncoderProcess:
         self._process: subprocess.Popen | None = None
         self._busy = False
         self._generation = 0  # bumped by cancel: a late reply of a killed encode is dropped
-        self.starts = 0  # processes started so far (tests: a cancel really killed one)
-
-    @property
-    def busy(self) -> bool:
-        return self._busy
-
-    @property
-    def pid(self) -> int | None:
-        process = self._process
-        return process.pid if process is not None and process.poll() is None else None
 
     def start(self, request: EncodeRequest, done: Done) -> None:
         """Begin encoding; `done(outcome, stats)` is called exactly once unless cancelled first."""
@@ -87,7 +77,6 @@ class EncoderProcess:
             env={**os.environ, "OMP_WAIT_POLICY": "passive"}, start_new_session=True,
         )
         self._process.xlm_stderr = stderr
-        self.starts += 1
         return self._process
 
     def _await_reply(self, process: subprocess.Popen, generation: int, done: Done) -> None:
