@@ -17,7 +17,7 @@ from sidecar.profiler.database import load_profile, save_profile
 from sidecar.profiler.hardware import discover_hardware
 from sidecar.profiler.plan import tiny_plan
 from sidecar.profiler.quality import profile_disturbed
-from tests.test_profile_under_load import busy_loop_on_one_core, pytestmark, tier_threads  # noqa: F401
+from tests.test_profile_under_load import assert_never_fewer_threads, busy_loop_on_one_core, pytestmark, tier_threads  # noqa: F401
 
 # The tiny profile lands in about 4 s here, quiet or (one thread measured) beside the loop. Before
 # the environment rule the one beside the loop did not land within this bound (its two-thread
@@ -71,7 +71,8 @@ def test_the_background_profile_lands_beside_a_busy_loop_and_plans_the_quiet_thr
     assert profile_disturbed(busy), "the busy loop's load was not noticed"
     assert busy.contention > 0.3
     model = inspect_gguf(smollm2_path)
-    assert tier_threads(busy, model) == tier_threads(quiet, model)
+    print("threads per tier, quiet", tier_threads(quiet, model), "busy", tier_threads(busy, model))
+    assert_never_fewer_threads(tier_threads(busy, model), tier_threads(quiet, model))
     # What landed on disk is the same profile, and a later start sees that it is to be refreshed.
     stored = load_profile(tmp_path / "busy.json")
     assert stored.deferred_threads == busy.deferred_threads and profile_disturbed(stored)

@@ -53,12 +53,26 @@ def tier_threads(db: ProfileDB, model) -> dict[int, int]:
     return {t.max_tokens: t.threads for t in schedule.tiers}
 
 
+def assert_never_fewer_threads(disturbed: dict[int, int], quiet: dict[int, int]) -> None:
+    """The rule the planner keeps for figures it knows were disturbed: never fewer threads than
+    the quiet profile plans, tier by tier. Not equality: where a quiet profile finds one and two
+    threads within its 2% slack (the small decode tiers of a 135M model here), which of the two it
+    plans flips between quiet runs of the tiny profile (a quiet profile in CI planned {1: 1, 4: 1},
+    others {1: 2, 4: 2}); a disturbed figure is capped at the modest speed-up
+    quiet figures show, which keeps the extra thread, and the profile is taken again when quiet.
+    The bug this guards against planned one thread for every tier, on every start after a busy
+    first launch."""
+    fewer = {k: (disturbed[k], quiet[k]) for k in quiet if disturbed[k] < quiet[k]}
+    assert not fewer, f"fewer threads than the quiet profile plans (tier: (disturbed, quiet)): {fewer}"
+
+
 def test_a_profile_beside_a_busy_loop_is_marked_and_plans_the_quiet_threads(profiles, smollm2_path) -> None:
     quiet, busy = profiles
     assert profile_disturbed(busy) and disturbed_share(busy) > 0, "the busy loop's load was not noticed"
     assert busy.contention > 0.3
     model = inspect_gguf(smollm2_path)
-    assert tier_threads(busy, model) == tier_threads(quiet, model)
+    print("threads per tier, quiet", tier_threads(quiet, model), "busy", tier_threads(busy, model))
+    assert_never_fewer_threads(tier_threads(busy, model), tier_threads(quiet, model))
     assert all(e.spread >= 0 for e in busy.entries)
 
 
@@ -83,13 +97,20 @@ def test_a_disturbed_profile_on_disk_is_refreshed_at_start(profiles, tmp_path: P
 
 
 def _poisoned(db: ProfileDB, marked: bool) -> ProfileDB:
-    """`db` as a busy loop on one of two cores leaves it (the issue's measurement: every
-    multi-threaded figure about three times slower), with or without the load recorded."""
+    """`db` as a busy loop on one of two cores leaves it, with or without the load recorded: every
+    figure at the most threads three times its one-thread figure (the issue measured multi-threaded
+    figures about three times slower). Set from the one-thread figure rather than scaled from its
+    own, so that taken at face value it always loses: the test does not depend on how close this
+    run's quiet one- and two-thread figures happened to be."""
     from dataclasses import replace
 
     top = max(e.threads for e in db.entries)
-    entries = tuple(replace(e, seconds=e.seconds * 3.0, load=0.5 if marked else 0.0) if e.threads == top else e
-                    for e in db.entries)
+
+    def series(e) -> tuple:
+        return (e.op, e.shape, e.weight_type, e.batch, e.device, e.condition)
+    one = {series(e): e.seconds for e in db.entries if e.threads == 1}
+    entries = tuple(replace(e, seconds=3.0 * one.get(series(e), e.seconds), load=0.5 if marked else 0.0)
+                    if e.threads == top else e for e in db.entries)
     return replace(db, entries=entries)
 
 
@@ -97,8 +118,10 @@ def test_figures_known_disturbed_never_pick_fewer_threads(profiles, smollm2_path
     quiet, _ = profiles
     model = inspect_gguf(smollm2_path)
     quiet_threads = tier_threads(quiet, model)
-    assert tier_threads(_poisoned(quiet, marked=True), model) == quiet_threads
-    # The same figures without their load are believed, and the plan drops threads: the mark
-    # is what keeps it right.
+    marked = tier_threads(_poisoned(quiet, marked=True), model)
+    assert_never_fewer_threads(marked, quiet_threads)
+    # The same figures without their load are believed, and the plan drops to one thread: the mark
+    # is what keeps the threads.
     unmarked = tier_threads(_poisoned(quiet, marked=False), model)
-    assert any(unmarked[k] < quiet_threads[k] for k in quiet_threads), unmarked
+    assert set(unmarked.values()) == {1}, unmarked
+    assert any(marked[k] > 1 for k in marked), (marked, quiet_threads)
