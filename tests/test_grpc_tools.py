@@ -46,3 +46,32 @@ def test_tool_choice_none_is_free_text_and_tools_need_messages(client) -> None:
     with pytest.raises(grpc.RpcError) as e:
         client.complete(request(tool_choice="dance"))
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "dance" in e.value.details()
+
+
+def test_a_session_is_told_its_tools_once_not_every_turn(client) -> None:
+    """An NPC's evening of turns with the same tools: each later turn computes its own line, not
+    the function list again (before, every turn added the instructions to the history)."""
+    def turn(text: str, tools=TOOLS, **kwargs) -> "Reply":
+        return client.complete(pb.GenerateRequest(
+            messages=pb.ChatMessages(messages=[pb.ChatMessage(role="user", content=text)]), tools=tools,
+            session_id="guard-tools", max_tokens=40, sampling=pb.SamplingParams(temperature=0.0), **kwargs))
+    from sidecar.service import tool_calls
+    instructions = tool_calls.plan_from_pb(pb.GenerateRequest(
+        messages=pb.ChatMessages(messages=[pb.ChatMessage(role="user", content="x")]), tools=TOOLS)).instructions
+    first = turn("A thief runs past you!")
+    assert first.final.finish_reason == pb.FINISH_REASON_TOOL_CALL
+    listed = first.final.usage.prompt_tokens
+    assert listed > len(instructions) // 8, "the first turn was not told the tools"
+    for line in ("He is hiding behind the well.", "Now he climbs the wall."):
+        previous = first
+        first = turn(line)
+        computed = first.final.usage.prompt_tokens - first.final.usage.cached_prompt_tokens
+        grew = first.final.usage.prompt_tokens - previous.final.usage.prompt_tokens - previous.final.usage.completion_tokens
+        # A short line and its template: far fewer tokens than the function list (about 90 here).
+        assert computed < 40 and grew < 40, (computed, grew)
+    # New tools are told when they change, and the call is of one of them.
+    alarm = [pb.Tool(name="raise_alarm", description="ring the town bell")]
+    changed = turn("He got away.", tools=alarm, tool_choice="raise_alarm")
+    assert changed.final.tool_call.name == "raise_alarm"
+    assert changed.final.usage.prompt_tokens - changed.final.usage.cached_prompt_tokens > 20
+    client.end_session("guard-tools")

@@ -21,7 +21,7 @@ from sidecar.engine.chat_segments import (
     tokenize_segments,
 )
 from sidecar.engine.history_trim import NO_TRIM, Trim, plan_trim
-from sidecar.engine.prompt_layout import with_context
+from sidecar.engine.prompt_layout import new_turn
 from sidecar.engine.requests import IMAGE_MARKER, GenerationSpec
 from sidecar.engine.sessions import Session
 from sidecar.errors import InvalidArgument, ResourceExhausted
@@ -61,10 +61,9 @@ def build_prompt(model, spec: GenerationSpec, session: Session | None, images: l
     if not p.is_chat:
         return _raw(model, spec, session, images, max_prompt_tokens, n_ctx)
     history = list(session.messages) if session is not None else []
-    fresh = session is None or session.is_empty
-    # The shared world context opens a fresh conversation's system message (prompt_layout); on
-    # later turns the history holds it.
-    conversation = history + (with_context(p.context, list(p.messages or ())) if fresh else list(p.messages or ()))
+    # The shared world context and the tools open a fresh conversation's system message
+    # (prompt_layout); on later turns the history holds them.
+    conversation = history + new_turn(p, history)
     segments = render_segments(model.render_chat, conversation)
     tok = tokenize_segments(model.tokenize, segments, images)
     if session is None:

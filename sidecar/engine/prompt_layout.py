@@ -1,6 +1,12 @@
 """How a request's prompt is laid out: the session's history, then the new turn, with the shared
 world context (GenerateRequest.context) opening a conversation.
 
+Tool instructions (what functions the reply may call) end the first system message of a new
+conversation. A session's later turns that give the same tools add nothing: the history already
+tells them, and telling them again every turn would grow an evening's conversation by the whole
+function list per line the player types. Tools that changed are told in a system message before
+the new turn.
+
 The context opens the system message (build_prompt puts it there), before the NPC's own persona, so every NPC given the same
 context renders to the same text, hence the same tokens, up to the end of it: the prefix the
 engine computes once and copies (prefix_sharing.py). A raw prompt simply starts with it. On a
@@ -28,6 +34,27 @@ def with_context(context: str, messages: list[tuple[str, str]]) -> list[tuple[st
         own = messages[0][1]
         return [("system", context + SEPARATOR + own if own else context)] + messages[1:]
     return [("system", context)] + messages
+
+
+def with_tool_instructions(instructions: str, messages: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """`messages` with `instructions` at the end of their system message (one is added if none)."""
+    if not instructions:
+        return messages
+    if messages and messages[0][0] == "system":
+        own = messages[0][1]
+        return [("system", f"{own}{SEPARATOR}{instructions}" if own else instructions)] + messages[1:]
+    return [("system", instructions)] + messages
+
+
+def new_turn(prompt: Prompt, history: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The messages `prompt` adds after a conversation's `history` ([] for a new one)."""
+    messages = list(prompt.messages or ())
+    if not history:
+        return with_tool_instructions(prompt.tool_instructions, with_context(prompt.context, messages))
+    if prompt.tool_instructions and not any(
+            role == "system" and prompt.tool_instructions in content for role, content in history):
+        return [("system", prompt.tool_instructions)] + messages
+    return messages
 
 
 def context_tokens(render_chat: RenderChat, tokenize: Tokenize, prompt: Prompt) -> list[int]:

@@ -28,6 +28,9 @@ class Prompt:
     # Shared world context before the NPC's own prompt (shared_context.py); used on a session's
     # first turn only.
     context: str = ""
+    # The functions the reply may call, described for the model (sidecar.service.tool_calls); a
+    # session is told them once, and again only when they change (prompt_layout.new_turn).
+    tool_instructions: str = ""
 
     def __post_init__(self) -> None:
         if (self.messages is None) == (self.text is None):

@@ -28,7 +28,7 @@ from sidecar.engine.phase import EnginePhase
 from sidecar.engine.requests import Finished, FinishReason, GenerationSpec, Job, Sink, TextDelta, Timings, Usage
 from sidecar.engine.sessions import Session, SessionStore
 from sidecar.engine.stats import ThroughputStats
-from sidecar.engine.prompt_layout import with_context
+from sidecar.engine.prompt_layout import new_turn
 from sidecar.engine.text_stream import TextStream
 from sidecar.engine import EngineConfig, EngineSnapshot
 from sidecar.errors import FailedPrecondition, InvalidArgument, ResourceExhausted, SidecarError, Unavailable
@@ -262,8 +262,8 @@ class RemoteBackend:
             raise InvalidArgument("a session continues in the mode it started: chat messages or raw prompt")
         fresh = session is None or session.is_empty  # the shared context opens a conversation only
         if p.is_chat:
-            new = with_context(p.context, list(p.messages or ())) if fresh else list(p.messages or ())
-            conversation = (session.messages if session else []) + new
+            history = list(session.messages) if session else []
+            conversation = history + new_turn(p, history)
             return conversation, "chat/completions", wire.chat_body(self.options.model, conversation, spec)
         prompt = (session.text if session else "") + (p.context if fresh else "") + (p.text or "")
         return [], "completions", wire.completion_body(self.options.model, prompt, spec)

@@ -4,6 +4,7 @@ transports (gRPC now, the WebSocket bridge later) refuse the same requests the s
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 from sidecar.api import pb
 from sidecar.budget import Budget
@@ -103,7 +104,7 @@ def generation_spec_from_pb(r: pb.GenerateRequest, max_prompt_tokens: int = 0) -
     json_schema = r.json_schema
     tool_plan = tool_calls.plan_from_pb(r)
     if tool_plan is not None:
-        prompt = Prompt(messages=tuple(tool_calls.with_instructions(list(prompt.messages), tool_plan)), context=prompt.context)
+        prompt = replace(prompt, tool_instructions=tool_plan.instructions)
         json_schema = tool_plan.json_schema
     return GenerationSpec(
         prompt=prompt,

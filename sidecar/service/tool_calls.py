@@ -71,13 +71,6 @@ def plan(functions: list[Function], choice: str | None) -> ToolPlan:
     return ToolPlan(json.dumps(schema), "\n".join(lines), auto)
 
 
-def with_instructions(conversation: list[tuple[str, str]], tool_plan: ToolPlan) -> list[tuple[str, str]]:
-    """The functions described in the system message (a new one first when there is none)."""
-    if conversation and conversation[0][0] == "system":
-        return [("system", f"{conversation[0][1]}\n\n{tool_plan.instructions}")] + conversation[1:]
-    return [("system", tool_plan.instructions)] + conversation
-
-
 def read_reply(text: str) -> ReadReply:
     """A reply held to the plan's grammar. One cut short (max_tokens) is no whole JSON: it stays
     text, and the finish reason says why."""

@@ -13,6 +13,7 @@ import json
 import secrets
 from dataclasses import dataclass
 
+from sidecar.engine import prompt_layout
 from sidecar.errors import InvalidArgument
 from sidecar.service import tool_calls
 from sidecar.service.openai_http.request_models import ChatMessage, NamedToolChoice, Tool, ToolChoice
@@ -31,7 +32,7 @@ def tool_spec(tools: list[Tool] | None, choice: ToolChoice) -> ToolSpec | None:
 
 
 def with_tool_instructions(conversation: list[tuple[str, str]], spec: ToolSpec) -> list[tuple[str, str]]:
-    return tool_calls.with_instructions(conversation, spec)
+    return prompt_layout.with_tool_instructions(spec.instructions, conversation)
 
 
 def tool_result_message(message: ChatMessage) -> tuple[str, str]:
