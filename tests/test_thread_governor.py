@@ -72,3 +72,25 @@ def test_the_plans_time_for_a_pass_between_tiers() -> None:
     assert predicted_pass_ms(64, tiers) == 140.0
     assert predicted_pass_ms(128, tiers) == 280.0
     assert predicted_pass_ms(3, ()) == 0.0
+
+
+def test_without_a_plan_a_prefill_is_not_measured_against_the_decodes() -> None:
+    """The engine's hook without a schedule (an Engine made in-process): passes compare with the
+    fastest of their own size. Before, a 76-token prefill counted against the 4-token decodes' best,
+    looked 17x slow, and the cap dropped to one thread on a quiet machine (4 streams: 11 s became
+    21 s for the same replies)."""
+    from pathlib import Path
+
+    from sidecar.engine.config import EngineConfig
+    from sidecar.engine.thread_governor_hook import GovernedThreads, pass_size
+
+    config = EngineConfig(model_path=Path("unused.gguf"), threads_decode=2, threads_prefill=2)
+    assert config.schedule is None
+    hook = GovernedThreads()
+    for i in range(2000):
+        n, ms = (76, 420.0) if i % 64 == 0 else (4, 24.0 + (i % 7))  # a round of 4 streams, 64 tokens
+        planned = 2
+        used = hook.threads(config, planned)
+        assert used == planned, f"pass {i}: the cap dropped on passes that ran as fast as ever"
+        hook.record(config, n, planned, used, ms)
+    assert [pass_size(n) for n in (1, 3, 4, 5, 76, 512, 513)] == [1, 4, 4, 8, 128, 512, 1024]

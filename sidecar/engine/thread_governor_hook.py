@@ -11,6 +11,11 @@ from sidecar.engine.thread_governor import PassBaseline, ThreadGovernor, plan_pa
 log = structlog.get_logger("engine")
 
 
+def pass_size(n_tokens: int) -> int:
+    """The power of two at or above `n_tokens`: passes of one size class, whose times compare."""
+    return 1 << max(0, n_tokens - 1).bit_length()
+
+
 class GovernedThreads:
     """Threads per pass: the plan's tier threads under the governor's cap. A new configuration
     (SetBudget, reload) starts a new governor, at the new plan's threads."""
@@ -24,7 +29,13 @@ class GovernedThreads:
     def threads(self, config: EngineConfig, planned: int) -> int:
         """The threads for a pass the plan gives `planned`: capped while the CPU is busy, unless
         `config` pins them."""
-        return self._governor.threads(planned) if config.adaptive_threads else planned
+        if not config.adaptive_threads:
+            return planned
+        if config is not self._config:
+            # Before, the first pass of every configuration ran under the previous one's governor
+            # (at first, a cap of one thread): the first prefill after a start or a reload.
+            self._follow(config)
+        return self._governor.threads(planned)
 
     def _follow(self, config: EngineConfig) -> None:
         self._config = config
@@ -33,14 +44,18 @@ class GovernedThreads:
         self._baseline = PassBaseline()
 
     def record(self, config: EngineConfig, n_tokens: int, planned: int, used: int, elapsed_ms: float) -> None:
+        if not config.adaptive_threads:
+            return  # pinned threads: nothing to govern, and no cap to announce
         if config is not self._config:
             self._follow(config)
-            return
         if self._plan_times:
             predicted = predicted_pass_ms(n_tokens, self._plan_times)
         else:
-            tier = next((m for m, _ in config.tier_threads if n_tokens <= m), config.tier_threads[-1][0])
-            predicted = self._baseline.predicted_ms(tier, planned, used, elapsed_ms)
+            # Without a plan, passes are compared with the fastest of their own size. Not by thread
+            # tier: a plan-less config has one tier, and a 76-token prefill (420 ms) measured against
+            # the 4-token decodes' best (24 ms) looked 17x slow; with it in the average, one thread
+            # looked cheaper and the cap dropped on a quiet machine, halving 4-stream throughput.
+            predicted = self._baseline.predicted_ms(pass_size(n_tokens), planned, used, elapsed_ms)
         decision = self._governor.record(planned, used, elapsed_ms, predicted)
         if decision.action in ("down", "up"):
             log.info("thread cap changed: passes ran far slower than planned (a busy CPU)" if decision.action == "down"
