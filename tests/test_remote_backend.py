@@ -248,6 +248,37 @@ def test_second_turn_carries_the_history(remote_daemon: RunningDaemon) -> None:
 
 
 @needs_server
+def test_the_openai_api_is_served_in_remote_mode_too(remote_daemon: RunningDaemon, server: RemoteServer) -> None:
+    """A plugin that speaks OpenAI's protocol works against a remote-mode daemon as against a local
+    one: the official client, the daemon's token, its sessions (the server is never given them)."""
+    import openai
+
+    from openai_http_support import http_base
+
+    client = openai.OpenAI(base_url=http_base(remote_daemon) + "/v1", api_key=remote_daemon.token, max_retries=0)
+    served = [m.id for m in client.models.list().data]
+    model = served[0]
+    assert len(served) == 1 and model == next(e for e in remote_daemon.log_lines if e["event"] == "ready")["model"]
+    # As OpenAI clients do, the whole conversation every turn; the session sees what is new.
+    conversation = [{"role": "user", "content": "My name is Aria. Remember it."}]
+    first = client.chat.completions.create(model=model, messages=conversation, max_tokens=20, temperature=0,
+                                           extra_headers={"X-Session-Id": "http-aria"})
+    conversation += [{"role": "assistant", "content": first.choices[0].message.content},
+                     {"role": "user", "content": "What is my name?"}]
+    chunks = client.chat.completions.create(model=model, messages=conversation, max_tokens=20, temperature=0,
+                                            stream=True, extra_headers={"X-Session-Id": "http-aria"})
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert "Aria" in text, text
+    with remote_daemon.client(timeout_s=30) as grpc_client:
+        # One session, kept by the daemon: the second turn continued it instead of starting over.
+        assert grpc_client.end_session("http-aria") > 0
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=http_base(remote_daemon) + "/v1", api_key=KEY, max_retries=0).models.list()
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}], n=2)
+
+
+@needs_server
 def test_stop_string_is_cut_by_the_daemon(remote_daemon: RunningDaemon) -> None:
     prompt = "Tell me about the sea."
     whole = _chat(remote_daemon, prompt, max_tokens=30)

@@ -19,9 +19,10 @@ def http_port(settings) -> int | None:
     return settings.port + 2
 
 
-async def start_http(transports, core, settings, authenticator) -> None:
+async def start_http(transports, core, settings, authenticator, model_id: str | None = None) -> None:
     """Start the API beside the other transports (added to `transports`, so it drains with them);
-    PortInUse, with everything started stopped again, when it cannot listen."""
+    PortInUse, with everything started stopped again, when it cannot listen. `model_id` names the
+    model in /v1/models (default: the local model file's stem; remote mode: the server's model)."""
     from sidecar.service.grpc_server import PortInUse
     from sidecar.settings import format_address
 
@@ -30,7 +31,8 @@ async def start_http(transports, core, settings, authenticator) -> None:
         return
     from sidecar.default_model import default_model_path
 
-    server = OpenAIHttpServer(core, authenticator, settings.model or default_model_path(), settings.max_tokens_per_request)
+    server = OpenAIHttpServer(core, authenticator, settings.model or default_model_path(), settings.max_tokens_per_request,
+                              model_id=model_id)
     try:
         bound = await server.start(settings.host, port)
     except OSError as e:

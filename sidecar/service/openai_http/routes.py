@@ -47,13 +47,13 @@ def image_allowance(max_image_bytes: int) -> int:
 
 class OpenAIApi:
     def __init__(self, core: SidecarService, authenticator: Authenticator, model_path: Path,
-                 max_tokens_per_request: int) -> None:
+                 max_tokens_per_request: int, model_id: str | None = None) -> None:
         # Built when the daemon listens, before the model is loaded (the engine comes later):
         # the model's names come from its path, its own name once it is loaded.
         self.core = core
         self.authenticator = authenticator
-        self.model_id = Path(model_path).stem
-        self._path_names = {self.model_id, Path(model_path).name}
+        self.model_id = model_id or Path(model_path).stem
+        self._path_names = {self.model_id} if model_id else {self.model_id, Path(model_path).name}
         self._max_tokens = max_tokens_per_request
         self.created = int(time.time())
 

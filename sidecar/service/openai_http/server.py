@@ -33,8 +33,9 @@ class _Server(uvicorn.Server):
 class OpenAIHttpServer:
     """One per daemon, on the daemon's event loop."""
 
-    def __init__(self, core: SidecarService, authenticator: Authenticator, model_path, max_tokens_per_request: int) -> None:
-        self.api = OpenAIApi(core, authenticator, model_path, max_tokens_per_request)
+    def __init__(self, core: SidecarService, authenticator: Authenticator, model_path, max_tokens_per_request: int,
+                 model_id: str | None = None) -> None:
+        self.api = OpenAIApi(core, authenticator, model_path, max_tokens_per_request, model_id)
         self._server: _Server | None = None
         self._task: asyncio.Task | None = None
         self._socket: socket.socket | None = None
