@@ -69,6 +69,10 @@ def test_a_session_is_told_its_tools_once_not_every_turn(client) -> None:
         grew = first.final.usage.prompt_tokens - previous.final.usage.prompt_tokens - previous.final.usage.completion_tokens
         # A short line and its template: far fewer tokens than the function list (about 90 here).
         assert computed < 40 and grew < 40, (computed, grew)
+        # The call the model wrote under its grammar is in the cache as it was generated (all of it
+        # but a last token sampled at max_tokens, which was never decoded): not tokenized anew.
+        held = previous.final.usage.prompt_tokens + previous.final.usage.completion_tokens
+        assert first.final.usage.cached_prompt_tokens >= held - 1, (first.final.usage, held)
     # New tools are told when they change, and the call is of one of them.
     alarm = [pb.Tool(name="raise_alarm", description="ring the town bell")]
     changed = turn("He got away.", tools=alarm, tool_choice="raise_alarm")

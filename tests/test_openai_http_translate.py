@@ -46,6 +46,26 @@ def test_an_edited_or_repeated_history_restarts_the_session() -> None:
     assert chat_turn(store, "brom", history).reset  # the same history again: nothing new to append
 
 
+def test_a_tool_call_sent_back_in_canonical_json_continues_the_session() -> None:
+    """The session holds the call as the model wrote it under its grammar; the client sends it back
+    rebuilt from `tool_calls`. Same JSON, same call: only the tool's result is new."""
+    from sidecar.service.openai_http.request_models import ChatMessage
+    from sidecar.service.openai_http.tools import assistant_call_message
+
+    held = '{ "name":"attack" ,"arguments": {"target" : "the thief"}}'
+    history = [("system", "You are a guard."), ("user", "A thief!"), ("assistant", held)]
+    store = store_with("guard", history)
+    sent_back = assistant_call_message(ChatMessage.model_validate({"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "attack", "arguments": '{"target": "the thief"}'}}]}))
+    assert sent_back != history[2]
+    result = ("user", "Result of attack: missed")
+    turn = chat_turn(store, "guard", history[:2] + [sent_back, result])
+    assert turn.messages == (result,) and turn.skipped == 3 and not turn.reset
+    # Another call, or another argument, is another history.
+    other = ("assistant", '{"name": "attack", "arguments": {"target": "the baker"}}')
+    assert chat_turn(store, "guard", history[:2] + [other, result]).reset
+
+
 def test_a_new_session_or_none_sends_everything() -> None:
     conversation = [("user", "Hi")]
     assert chat_turn(SessionStore(8), "new", conversation) == chat_turn(SessionStore(8), "", conversation)

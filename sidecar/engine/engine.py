@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import llama_cpp
 import structlog
 
+from sidecar.engine import reply_tokens
 from sidecar.engine.config import EngineConfig
 from sidecar.engine.load_report import LoadReport, parse_load_log
 from sidecar.engine.native_context import NativeContext
@@ -351,6 +352,7 @@ class Engine(Reloading):
             session.messages.clear()
             session.text = ""
             session.images = []
+            session.reply_tokens = {}
             session.saved_state, session.saved_tokens = None, []
         new_image = self._encode_image(job, session)
         images = list(session.images if session is not None else []) + ([new_image] if new_image else [])
@@ -561,6 +563,8 @@ class Engine(Reloading):
                 a.session.images.append(a.new_image)
             if a.job.spec.prompt.is_chat:
                 a.session.messages = a.conversation + [("assistant", reply)]
+                reply_tokens.remember(a.session.reply_tokens, reply, slot.cached[len(a.prompt_tokens):],
+                                      self.model.piece, self.model.tokenize)
             else:
                 a.session.text = a.prompt_text + reply
             a.session.tokens = len(slot.cached)

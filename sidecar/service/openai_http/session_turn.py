@@ -17,6 +17,7 @@ sends the rest on.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from sidecar.engine.sessions import SessionStore
@@ -44,9 +45,24 @@ def chat_turn(sessions: SessionStore, session_id: str, conversation: list[Messag
     if not history:
         return ChatTurn(tuple(conversation), 0, reset=bool(session_id and session is not None and session.text))
     n = len(history)
-    if len(conversation) > n and [tuple(m) for m in conversation[:n]] == [tuple(m) for m in history]:
+    if len(conversation) > n and all(_same_message(a, b) for a, b in zip(conversation[:n], history)):
         return ChatTurn(tuple(conversation[n:]), n, reset=False)
     return ChatTurn(tuple(conversation), 0, reset=True)
+
+
+def _same_message(sent: Message, held: Message) -> bool:
+    """The message the session holds, as the client sends it back. An assistant's tool call comes
+    back rebuilt from `tool_calls` (tools.assistant_call_message: canonical JSON), while the session
+    holds the text the model wrote under its grammar, whose spacing is the model's: the same call
+    when the JSON is the same. Without this, every tool turn of an NPC restarted its session."""
+    if tuple(sent) == tuple(held):
+        return True
+    if sent[0] != "assistant" or held[0] != "assistant":
+        return False
+    try:
+        return json.loads(sent[1]) == json.loads(held[1])
+    except ValueError:
+        return False
 
 
 def prompt_turn(sessions: SessionStore, session_id: str, prompt: str) -> PromptTurn:

@@ -1,0 +1,52 @@
+"""Replies keep the tokens they were generated as (sidecar.engine.reply_tokens): pure, a toy
+tokenizer that writes `{"` as one token where a sampler wrote `{` then `"`."""
+
+from __future__ import annotations
+
+from sidecar.engine import reply_tokens
+
+VOCAB = {1: b'{"', 2: b"{", 3: b'"', 4: b"a", 5: b"}", 6: b'"}', 7: b"\xc3", 8: b"\xa9"}
+
+
+def piece(token: int) -> bytes:
+    return VOCAB[token]
+
+
+def tokenize(text: str, *, add_bos: bool, parse_special: bool) -> list[int]:
+    """Greedy longest match, as a tokenizer would: never the sampler's `{` `"`."""
+    data, out = text.encode(), []
+    by_bytes = sorted(((v, k) for k, v in VOCAB.items()), key=lambda kv: -len(kv[0]))
+    while data:
+        token_bytes, token = next((v, k) for v, k in by_bytes if data.startswith(v))
+        out.append(token)
+        data = data[len(token_bytes):]
+    return ([0] if add_bos else []) + out
+
+
+def test_a_reply_is_tokenized_as_it_was_generated() -> None:
+    store: dict[str, list[int]] = {}
+    generated = [2, 3, 4, 3, 5]  # { " a " }
+    assert tokenize('{"a"}', add_bos=False, parse_special=False) == [1, 4, 6]
+    reply_tokens.remember(store, '{"a"}', generated, piece, tokenize)
+    tok = reply_tokens.tokenizer(tokenize, store)
+    assert tok('{"a"}', add_bos=False, parse_special=False) == generated
+    # Only as plain message content: template text and other text tokenize as ever.
+    assert tok('{"a"}', add_bos=False, parse_special=True) == [1, 4, 6]
+    assert tok('{"a', add_bos=False, parse_special=False) == [1, 4]
+
+
+def test_a_last_token_not_yet_decoded_is_tokenized_and_a_cut_reply_is_not_kept() -> None:
+    store: dict[str, list[int]] = {}
+    reply_tokens.remember(store, '{"a"}', [2, 3, 4], piece, tokenize)  # '"}' sampled last, never decoded
+    assert store['{"a"}'] == [2, 3, 4, 6]
+    reply_tokens.remember(store, '{"', [2, 3, 4, 3], piece, tokenize)  # a stop string cut the text
+    assert '{"' not in store
+    reply_tokens.remember(store, "a\xe9", [4, 7], piece, tokenize)  # ends inside a character
+    assert "a\xe9" not in store
+
+
+def test_the_newest_replies_are_kept_within_the_bound() -> None:
+    store: dict[str, list[int]] = {}
+    for i in range(reply_tokens.MAX_REPLIES + 5):
+        reply_tokens.remember(store, "a" * (i + 1), [4] * (i + 1), piece, tokenize)
+    assert len(store) == reply_tokens.MAX_REPLIES and "a" not in store and "a" * (reply_tokens.MAX_REPLIES + 5) in store
