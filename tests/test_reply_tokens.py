@@ -38,15 +38,20 @@ def test_a_reply_is_tokenized_as_it_was_generated() -> None:
 def test_a_last_token_not_yet_decoded_is_tokenized_and_a_cut_reply_is_not_kept() -> None:
     store: dict[str, list[int]] = {}
     reply_tokens.remember(store, '{"a"}', [2, 3, 4], piece, tokenize)  # '"}' sampled last, never decoded
-    assert store['{"a"}'] == [2, 3, 4, 6]
+    assert list(store['{"a"}']) == [2, 3, 4, 6]
     reply_tokens.remember(store, '{"', [2, 3, 4, 3], piece, tokenize)  # a stop string cut the text
     assert '{"' not in store
     reply_tokens.remember(store, "a\xe9", [4, 7], piece, tokenize)  # ends inside a character
     assert "a\xe9" not in store
 
 
-def test_the_newest_replies_are_kept_within_the_bound() -> None:
-    store: dict[str, list[int]] = {}
+def test_replies_the_history_dropped_are_forgotten_and_the_newest_kept_within_the_bound() -> None:
+    store: dict = {}
+    history: list[tuple[str, str]] = []
     for i in range(reply_tokens.MAX_REPLIES + 5):
-        reply_tokens.remember(store, "a" * (i + 1), [4] * (i + 1), piece, tokenize)
+        history += [("user", "hi"), ("assistant", "a" * (i + 1))]
+        reply_tokens.remember(store, "a" * (i + 1), [4] * (i + 1), piece, tokenize, history)
     assert len(store) == reply_tokens.MAX_REPLIES and "a" not in store and "a" * (reply_tokens.MAX_REPLIES + 5) in store
+    trimmed = history[-4:]  # the context kept the last two turns
+    reply_tokens.remember(store, trimmed[-1][1], [4] * len(trimmed[-1][1]), piece, tokenize, trimmed)
+    assert set(store) == {trimmed[1][1], trimmed[3][1]}

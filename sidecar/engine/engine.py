@@ -564,7 +564,7 @@ class Engine(Reloading):
             if a.job.spec.prompt.is_chat:
                 a.session.messages = a.conversation + [("assistant", reply)]
                 reply_tokens.remember(a.session.reply_tokens, reply, slot.cached[len(a.prompt_tokens):],
-                                      self.model.piece, self.model.tokenize)
+                                      self.model.piece, self.model.tokenize, a.session.messages)
             else:
                 a.session.text = a.prompt_text + reply
             a.session.tokens = len(slot.cached)

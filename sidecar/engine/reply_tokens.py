@@ -12,20 +12,25 @@ gives them back. They are a valid tokenization of the text: the pieces of those 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from array import array
+from collections.abc import Callable, Iterable
 
 from sidecar.engine.chat_segments import Tokenize
 
-# Replies remembered per session, newest kept: an evening's conversation is trimmed to its context
-# long before this many turns, and each entry is one reply's token ids.
+# Replies remembered per session at most, newest kept. The history bounds them first (replies its
+# trimming dropped are forgotten); this bounds a session whose history holds many short replies.
 MAX_REPLIES = 256
 
 
-def remember(store: dict[str, list[int]], reply: str, generated: list[int], piece: Callable[[int], bytes],
-             tokenize: Tokenize) -> None:
-    """Keep `generated` (the reply's tokens as decoded into the cache) for the text `reply`. The
-    text may run past them (the last token sampled at max_tokens is not decoded yet): the rest is
+def remember(store: dict[str, array], reply: str, generated: list[int], piece: Callable[[int], bytes],
+             tokenize: Tokenize, history: Iterable[tuple[str, str]] = ()) -> None:
+    """Keep `generated` (the reply's tokens as decoded into the cache) for the text `reply`, and
+    forget replies no longer in `history` (the conversation, this reply included). The text may run
+    past the tokens (the last token sampled at max_tokens is not decoded yet): the rest is
     tokenized. A reply cut by a stop string is shorter than its tokens: nothing is kept."""
+    held = {content for role, content in history if role == "assistant"}
+    for text in [t for t in store if t not in held]:
+        del store[text]
     if not reply:
         return
     try:
@@ -36,12 +41,13 @@ def remember(store: dict[str, list[int]], reply: str, generated: list[int], piec
         return
     rest = reply[len(written):]
     store.pop(reply, None)
-    store[reply] = list(generated) + (tokenize(rest, add_bos=False, parse_special=False) if rest else [])
+    # 4 bytes a token, not a Python int's 28 and a list slot's 8: many NPCs, each with its history.
+    store[reply] = array("i", list(generated) + (tokenize(rest, add_bos=False, parse_special=False) if rest else []))
     while len(store) > MAX_REPLIES:
         del store[next(iter(store))]
 
 
-def tokenizer(tokenize: Tokenize, store: dict[str, list[int]] | None) -> Tokenize:
+def tokenizer(tokenize: Tokenize, store: dict[str, array] | None) -> Tokenize:
     """`tokenize`, giving a remembered reply's tokens for its text as plain content."""
     if not store:
         return tokenize

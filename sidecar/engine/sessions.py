@@ -32,7 +32,7 @@ class Session:
     # embeddings, so a dropped cache is rebuilt without running the encoder again).
     images: list = field(default_factory=list)
     # Reply text -> the tokens it was generated as (reply_tokens.py).
-    reply_tokens: dict[str, list[int]] = field(default_factory=dict)
+    reply_tokens: dict = field(default_factory=dict)
 
     @property
     def is_empty(self) -> bool:
