@@ -101,8 +101,13 @@ def test_sigterm_lets_calls_in_flight_finish_and_refuses_new_ones() -> None:
     running = start_daemon(*ONE_THREAD, "--grace-seconds", "120", "--stream-interval-ms", "0")
     try:
         with running.client(timeout_s=120) as client, BridgeClient(running.ws_address, running.token) as bridge:
-            thread, first, outcome = _stream_in_thread(client, pb.GenerateRequest(prompt="Once upon a time", max_tokens=40))
-            bridge.send({"id": "ws", "method": "Generate", "request": {"prompt": "Once upon a time", "maxTokens": 40}})
+            # Greedy on the counting prompt, which runs for hundreds of tokens: both calls reach their
+            # 40 unless shutdown cuts them. (With "Once upon a time" sampled, a reply once ended at its
+            # end-of-text token after 31, and the test failed with nothing wrong.)
+            request = pb.GenerateRequest(prompt=LONG_PROMPT, max_tokens=40, sampling=pb.SamplingParams(temperature=0, repeat_penalty=1.0))
+            thread, first, outcome = _stream_in_thread(client, request)
+            bridge.send({"id": "ws", "method": "Generate", "request": {"prompt": LONG_PROMPT, "maxTokens": 40,
+                                                                      "sampling": {"temperature": 0, "repeatPenalty": 1}}})
             assert "chunk" in next(bridge.frames_of("ws"))
             assert first.wait(120)
             running.process.send_signal(signal.SIGTERM)

@@ -186,7 +186,7 @@ def test_unix_socket_is_owner_only_serves_and_keeps_a_second_daemon_out(socket_d
         with running.client(timeout_s=60, token_file=token_file) as client:
             status = client.status()
             assert status.listen_addresses == [f"unix:{path}"]
-            assert client.complete(pb.GenerateRequest(prompt="Hello", max_tokens=2)).final.usage.completion_tokens == 2
+            assert client.complete(pb.GenerateRequest(prompt="Hello", max_tokens=2, sampling=pb.SamplingParams(temperature=0))).final.usage.completion_tokens == 2
         second = subprocess.run(
             [sys.executable, "-m", "sidecar", "serve", "--socket", str(path), "--log-format", "json"],
             capture_output=True, text=True, timeout=120, env={**os.environ, "XLM_SIDECAR_RUNTIME_DIR": str(socket_dir / "run")},
