@@ -1,16 +1,16 @@
 """How a request's prompt is laid out: the session's history, then the new turn, with the shared
 world context (GenerateRequest.context) opening a conversation.
 
+The context opens the system message (build_prompt puts it there), before the NPC's own persona,
+so every NPC given the same context renders to the same text, hence the same tokens, up to the end
+of it: the prefix the engine computes once and copies (prefix_sharing.py). A raw prompt simply
+starts with it. On a session's later turns the history already holds it.
+
 Tool instructions (what functions the reply may call) end the first system message of a new
 conversation. A session's later turns that give the same tools add nothing: the history already
 tells them, and telling them again every turn would grow an evening's conversation by the whole
 function list per line the player types. Tools that changed are told in a system message before
 the new turn.
-
-The context opens the system message (build_prompt puts it there), before the NPC's own persona, so every NPC given the same
-context renders to the same text, hence the same tokens, up to the end of it: the prefix the
-engine computes once and copies (prefix_sharing.py). A raw prompt simply starts with it. On a
-session's later turns the history already holds it.
 """
 
 from __future__ import annotations
@@ -26,24 +26,26 @@ SEPARATOR = "\n\n"
 RenderChat = Callable[[list[tuple[str, str]]], str]
 
 
-def with_context(context: str, messages: list[tuple[str, str]]) -> list[tuple[str, str]]:
-    """`messages` with `context` at the start of their system message (one is added if none)."""
-    if not context:
+def _in_system_message(text: str, messages: list[tuple[str, str]], first: bool) -> list[tuple[str, str]]:
+    """`messages` with `text` at the start (`first`) or the end of their system message (one is
+    added if none)."""
+    if not text:
         return messages
     if messages and messages[0][0] == "system":
         own = messages[0][1]
-        return [("system", context + SEPARATOR + own if own else context)] + messages[1:]
-    return [("system", context)] + messages
+        joined = (text + SEPARATOR + own if first else own + SEPARATOR + text) if own else text
+        return [("system", joined)] + messages[1:]
+    return [("system", text)] + messages
+
+
+def with_context(context: str, messages: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """`messages` with `context` at the start of their system message (one is added if none)."""
+    return _in_system_message(context, messages, first=True)
 
 
 def with_tool_instructions(instructions: str, messages: list[tuple[str, str]]) -> list[tuple[str, str]]:
     """`messages` with `instructions` at the end of their system message (one is added if none)."""
-    if not instructions:
-        return messages
-    if messages and messages[0][0] == "system":
-        own = messages[0][1]
-        return [("system", f"{own}{SEPARATOR}{instructions}" if own else instructions)] + messages[1:]
-    return [("system", instructions)] + messages
+    return _in_system_message(instructions, messages, first=False)
 
 
 def new_turn(prompt: Prompt, history: list[tuple[str, str]]) -> list[tuple[str, str]]:

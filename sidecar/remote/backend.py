@@ -260,11 +260,11 @@ class RemoteBackend:
         p = spec.prompt
         if session is not None and not session.is_empty and bool(session.messages) != p.is_chat:
             raise InvalidArgument("a session continues in the mode it started: chat messages or raw prompt")
-        fresh = session is None or session.is_empty  # the shared context opens a conversation only
         if p.is_chat:
             history = list(session.messages) if session else []
             conversation = history + new_turn(p, history)
             return conversation, "chat/completions", wire.chat_body(self.options.model, conversation, spec)
+        fresh = session is None or session.is_empty  # the shared context opens a conversation only
         prompt = (session.text if session else "") + (p.context if fresh else "") + (p.text or "")
         return [], "completions", wire.completion_body(self.options.model, prompt, spec)
 
