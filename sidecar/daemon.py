@@ -89,7 +89,8 @@ async def _serve(settings: Settings, lifecycle: DaemonLifecycle, ready: asyncio.
         inputs_holder = [inputs]  # the background profile swaps in better inputs (ProfileRefresh)
         service.budget_control = BudgetControl(
             engine, budget,
-            lambda b: engine_config(settings, b, inputs_holder[0], projector, kv_type=engine.config.kv_type),
+            lambda b, micro_batch=None: engine_config(settings, b, inputs_holder[0], projector,
+                                                   kv_type=engine.config.kv_type, micro_batch=micro_batch),
             service.state, lambda: gpu_free_bytes(engine.config.device),
         )
         await service.budget_control.fit_to_measured()

@@ -110,26 +110,31 @@ def load_projector(settings: Settings):
 
 def engine_config(
     settings: Settings, budget: Budget | None = None, inputs: PlanInputs | None = None, projector=None,
-    kv_type: str | None = None,
+    kv_type: str | None = None, micro_batch: int | None = None,
 ) -> EngineConfig:
     """The engine configuration for `budget` (default: the one the daemon was started with).
 
     `kv_type` pins the KV cache type (re-plans of a running daemon pass the one in force:
     llama.cpp restores a saved sequence only into a cache of the same type, so a budget change
-    that switched F16 for Q8_0 would lose every conversation); None lets the planner choose."""
+    that switched F16 for Q8_0 would lose every conversation); None lets the planner choose.
+    `micro_batch` pins n_ubatch likewise (BudgetControl keeps the one in force when nothing else
+    would move)."""
     budget = budget or settings.budget_value
     base = cpu_engine_config(settings, budget)
     schedule = None
     if inputs is not None:
         from sidecar.planner import PlanOptions, plan
 
+        choices = _default_plan_options(inputs)
+        if micro_batch is not None:
+            choices["micro_batches"] = (micro_batch,)
         schedule = plan(
             inputs.model,
             inputs.hardware,
             budget,
             ctx=settings.ctx * settings.sequences(),
             options=PlanOptions(n_batch=settings.batch, flash_attention=settings.flash_attention_flag,
-                                kv_type=kv_type or "auto", **_default_plan_options(inputs)),
+                                kv_type=kv_type or "auto", **choices),
         )
         base = config_from_schedule(base, schedule, settings.threads, placement_device(settings))
     if projector is None:

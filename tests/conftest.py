@@ -16,6 +16,7 @@ import pytest
 
 from sidecar.client import SidecarClient
 from sidecar.default_model import default_model_path
+from skip_summary import pytest_terminal_summary  # noqa: F401 (a hook: the run ends with what it skipped)
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -33,6 +34,23 @@ class RunningDaemon:
     def client(self, **kwargs: object) -> SidecarClient:
         kwargs.setdefault("token", self.token)
         return SidecarClient(self.address, **kwargs)
+
+
+def wait_for_event(daemon: RunningDaemon, wanted: str, timeout_s: float) -> list[dict]:
+    """Read the daemon's JSON log until a line whose event is `wanted`; returns every line so far.
+    Waits on what the daemon says it did instead of sleeping a fixed time after a signal."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if any(e.get("event") == wanted for e in daemon.log_lines):
+            return daemon.log_lines
+        line = daemon.process.stderr.readline()
+        if not line:
+            break
+        try:
+            daemon.log_lines.append(json.loads(line))
+        except ValueError:
+            continue
+    raise AssertionError(f"no {wanted!r} line within {timeout_s} s: {[e.get('event') for e in daemon.log_lines]}")
 
 
 def start_daemon(
@@ -139,6 +157,15 @@ def smollm2_moe_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from sidecar.testmodels import smollm2_source_path, write_smollm2_moe
 
     return write_smollm2_moe(tmp_path_factory.mktemp("moe") / "smollm2_moe.gguf", source=smollm2_source_path())
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    """Which llama.cpp build runs the tests: its CPU features decide how kernels round, so a
+    report from another machine names them (scripts/test-other-kernels runs a second build)."""
+    import llama_cpp
+
+    info = llama_cpp.llama_print_system_info().decode(errors="replace").strip()
+    return f"llama.cpp: {Path(llama_cpp.__file__).parent} | {info}"
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -17,6 +17,7 @@ from sidecar.profiler.database import load_profile
 from sidecar.profiler.hardware import discover_hardware
 from sidecar.profiler.plan import tiny_plan
 from tests.conftest import start_daemon, stop_daemon
+from tests.conftest import wait_for_event as _events_until
 
 GREEDY = SamplingConfig(temperature=0.0, repeat_penalty=1.0)
 
@@ -78,21 +79,6 @@ def test_a_slice_that_overlaps_engine_work_is_thrown_away(smollm2_path, tmp_path
     assert landed and (tmp_path / "profile.json").is_file()
     db = load_profile(tmp_path / "profile.json")
     assert db.entries and all(e.seconds > 0 for e in db.entries)
-
-
-def _events_until(daemon, wanted: str, timeout_s: float) -> list[dict]:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if any(e.get("event") == wanted for e in daemon.log_lines):
-            return daemon.log_lines
-        line = daemon.process.stderr.readline()
-        if not line:
-            break
-        try:
-            daemon.log_lines.append(json.loads(line))
-        except ValueError:
-            continue
-    raise AssertionError(f"no {wanted!r} line within {timeout_s} s: {[e.get('event') for e in daemon.log_lines]}")
 
 
 def test_without_a_profile_the_daemon_starts_on_defaults_and_re_plans_when_measured(tmp_path: Path) -> None:

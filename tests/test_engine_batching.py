@@ -1,5 +1,10 @@
 """Continuous batching on the real SmolLM2: many conversations in one context, sessions evicted to
-host memory and restored, and a reload in the middle of live streams."""
+host memory and restored, and a reload in the middle of live streams.
+
+A batched reply is not the same tokens as the same reply alone (other batch shapes, other
+kernels' summation order, and on some CPUs other kernels): it is checked against a plain CPU
+llama.cpp within rounding (greedy_agreement.py). Exact identity is asserted only where llama.cpp
+computes alike: pinned threads, the same batch layout, a reload to the same placement."""
 
 from __future__ import annotations
 
@@ -9,6 +14,8 @@ from collections.abc import Iterator
 import pytest
 
 from sidecar.engine import Engine, EngineConfig, Finished, FinishReason, GenerationSpec, Prompt, SamplingConfig, TextDelta
+
+from greedy_agreement import CpuReference, assert_greedy_agrees, engine_prompt_tokens
 
 GREEDY = SamplingConfig(temperature=0.0, repeat_penalty=1.0)
 
@@ -48,30 +55,29 @@ def chat(text: str, **kw) -> GenerationSpec:
 
 @pytest.fixture(scope="module")
 def engine(smollm2_path) -> Iterator[Engine]:
-    e = Engine(EngineConfig(model_path=smollm2_path, n_ctx=1024, n_seq=3, n_batch=256, threads_decode=2, threads_prefill=2))
+    e = Engine(EngineConfig(model_path=smollm2_path, n_ctx=1024, n_seq=3, n_batch=256, threads_decode=2, threads_prefill=2,
+                            adaptive_threads=False))
     yield e
     e.close()
+
+
+@pytest.fixture(scope="module")
+def reference(smollm2_path) -> Iterator[CpuReference]:
+    with CpuReference(smollm2_path) as r:
+        yield r
 
 
 QUESTIONS = ["Name a fruit.", "What color is the sky?", "Say hello in French.", "What is 2 plus 2?", "Name a planet."]
 
 
-def test_batched_conversations_read_as_each_would_alone(engine: Engine) -> None:
-    alone = []
-    for q in QUESTIONS[:3]:
-        s = Stream()
-        engine.submit(chat(q, max_tokens=24), s)
-        s.result()
-        alone.append(s.tokens)
+def test_batched_conversations_read_as_each_would_alone(engine: Engine, reference: CpuReference) -> None:
     together = [Stream() for _ in QUESTIONS[:3]]
     for q, s in zip(QUESTIONS[:3], together):
         engine.submit(chat(q, max_tokens=24), s)
-    for s in together:
+    for q, s in zip(QUESTIONS[:3], together):
         s.result()
-    # Batched passes use other kernels' summation order, so allow a late divergence, but the
-    # replies must start the same: each sequence sees only its own cache.
-    for a, b in zip(alone, [s.tokens for s in together]):
-        assert a[:8] == b[:8]
+        # Each sequence sees only its own cache: a reply that read another's would be far off.
+        assert_greedy_agrees(reference, engine_prompt_tokens(engine, chat(q)), s.tokens, f"the batched reply to {q!r}", 4)
 
 
 def test_more_requests_than_sequences_all_finish(engine: Engine) -> None:
@@ -104,6 +110,11 @@ def test_sessions_beyond_the_sequences_are_evicted_and_restored(engine: Engine) 
 
 
 def test_a_reload_mid_stream_loses_nothing(engine: Engine, smollm2_path) -> None:
+    # The first run puts the prompt in the cache; the reference and the live run are then laid out
+    # alike, and a reload to the same placement restores the cache bit for bit, so identity holds.
+    warm = Stream()
+    engine.submit(chat("Tell me a story about a brave knight.", max_tokens=1), warm)
+    warm.result()
     reference = Stream()
     engine.submit(chat("Tell me a story about a brave knight.", max_tokens=48), reference)
     reference.result()
@@ -128,6 +139,7 @@ def test_a_cancelled_request_frees_its_sequence_within_a_step(engine: Engine) ->
     s = Stream()
     job = engine.submit(chat("Count to one hundred.", max_tokens=500), s)
     while len(s.deltas) < 3:
+        assert not s.done.is_set(), "the reply ended before it could be cancelled"
         threading.Event().wait(0.01)
     job.cancel()
     final = s.result(30)
@@ -163,13 +175,10 @@ def test_a_reload_its_caller_gave_up_on_is_skipped_and_the_engine_goes_on(engine
     assert after.result().usage.completion_tokens >= 1
 
 
-def test_a_gap_left_by_a_finished_reply_is_closed_and_the_moved_reply_reads_on(engine: Engine) -> None:
+def test_a_gap_left_by_a_finished_reply_is_closed_and_the_moved_reply_reads_on(engine: Engine, reference: CpuReference) -> None:
     # Three replies start in sequences 0, 1, 2; the first ends after 3 tokens, so the one in
     # sequence 2 moves down into sequence 0 (llama.cpp batches only consecutive sequence ids).
     long_q, other_q = "Count from one to twenty in words.", "List the days of the week."
-    alone = Stream()
-    engine.submit(chat(long_q, max_tokens=40), alone)
-    alone.result()
     moves = engine.stats.sequence_moves
     short, other, moved = Stream(), Stream(), Stream()
     engine.submit(chat("Name a fruit.", max_tokens=3), short)
@@ -178,9 +187,10 @@ def test_a_gap_left_by_a_finished_reply_is_closed_and_the_moved_reply_reads_on(e
     for s in (short, other, moved):
         s.result()
     assert engine.stats.sequence_moves > moves
-    # The moved sequence kept its cache: it goes on exactly as it would alone.
-    assert moved.tokens == alone.tokens
-    assert moved.result().reason == FinishReason.LENGTH
+    # The moved sequence kept its cache: it reads on as the model would, within rounding (a move
+    # that lost or mixed up its cache would continue from the wrong context, logits off).
+    assert_greedy_agrees(reference, engine_prompt_tokens(engine, chat(long_q)), moved.tokens, "the moved reply")
+    assert_greedy_agrees(reference, engine_prompt_tokens(engine, chat(other_q)), other.tokens, "the reply beside it")
 
 
 def test_an_idle_session_moved_out_of_the_way_keeps_its_cache(engine: Engine) -> None:

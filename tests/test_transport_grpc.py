@@ -120,20 +120,26 @@ def test_a_7_mb_prompt_is_refused_at_once_and_other_streams_keep_flowing(daemon_
     """Issue 17 (3): a 7 MB prompt took 5.6 s to be refused while every other stream stalled as
     long (tokenized on the engine thread). Now it is refused by its size before tokenizing."""
 
-    def refuse() -> tuple[str, float]:
+    def refuse() -> tuple[str, str, float]:
         t0 = time.monotonic()
         with daemon_.client(timeout_s=60) as client:
             try:
                 client.complete(pb.GenerateRequest(prompt="word " * ((7 << 20) // 5)))
             except grpc.RpcError as e:
-                return e.code().name, time.monotonic() - t0
-        return "OK", time.monotonic() - t0
+                return e.code().name, e.details(), time.monotonic() - t0
+        return "OK", "", time.monotonic() - t0
 
-    gap, (code, took) = longest_gap_while(daemon_, refuse)
+    gap, (code, details, took) = longest_gap_while(daemon_, refuse)
     print(f"7 MB prompt refused in {took * 1000:.0f} ms; longest chunk gap meanwhile {gap * 1000:.0f} ms; load {os.getloadavg()}")
     assert code == "INVALID_ARGUMENT"
-    assert took < 2.0, took
-    assert gap < 1.0, gap  # the target is 200 ms; a shared test machine gets slack
+    # The mechanism: refused by its bytes, before anything tokenized it (the tokenizer's refusal
+    # names tokens, not bytes).
+    assert "bytes" in details and "--max-prompt-tokens" in details, details
+    # The figures are the benchmark's to judge (200 ms is the target, printed above). These bounds
+    # are generous for slow and shared machines and still far below what the defect cost
+    # (5.6 s to refuse, every stream stalled as long, on a 2-core machine).
+    assert took < 4.0, took
+    assert gap < 2.5, gap
 
 
 def test_a_second_daemon_on_the_same_port_fails_fast_and_names_the_first(daemon_: RunningDaemon) -> None:

@@ -112,7 +112,10 @@ def test_other_conversations_keep_streaming_while_a_screenshot_is_encoded(beside
     window = [t for t in stream.arrivals if asked + 0.2 <= t <= end]
     gaps = np.diff([asked, *window, min(end, stream.arrivals[-1])])  # a stall may run to the end
     assert len(window) >= 3, f"only {len(window)} chunks of the other stream during a {encode_s:.1f} s encode"
-    assert gaps.max() < min(1.5, encode_s / 2), f"the stream stalled {gaps.max():.2f} s during a {encode_s:.1f} s encode"
+    print(f"longest gap of the other stream: {gaps.max():.2f} s during a {encode_s:.1f} s encode")
+    # Relative to the encode, so it scales with the machine: the defect stalled the stream for
+    # the whole encode (3.56 s of 3.9 s); a stream that keeps going has gaps of one decode step.
+    assert gaps.max() < encode_s / 2, f"the stream stalled {gaps.max():.2f} s during a {encode_s:.1f} s encode"
     assert stream.final is not None and stream.final.usage.completion_tokens > 0
 
 

@@ -18,13 +18,15 @@ import structlog
 
 from sidecar.budget import Budget, parse_size
 from sidecar.engine import Engine, EngineConfig
+from sidecar.engine.reload import same_placement
 from sidecar.errors import FailedPrecondition, InvalidArgument
 from sidecar.service.state import StateHub
 
 log = structlog.get_logger("budget")
 
-# A budget for the planner -> what the engine should run with.
-PlanFn = Callable[[Budget], EngineConfig]
+# A budget for the planner -> what the engine should run with. The optional second argument pins
+# the micro-batch (n_ubatch) the planner may choose; None lets it search.
+PlanFn = Callable[..., EngineConfig]
 # Free VRAM in bytes on the GPU we use, or None without a GPU (NVML absent, no device).
 GpuFreeFn = Callable[[], int | None]
 
@@ -143,6 +145,21 @@ class BudgetControl:
             planned_for, reloaded, pause_ms = smaller, reloaded or done, pause_ms + ms
         return reloaded, pause_ms
 
+    async def _config_for(self, budget: Budget, *, keep_micro_batch: bool) -> EngineConfig:
+        """The plan for `budget`. When it moves nothing but the micro-batch, the micro-batch in
+        force is kept: a thread cap changes which n_ubatch prices best (one thread favours a
+        smaller one), and a new n_ubatch alone means a new context, so a reload that pauses every
+        stream for a second or two to win a few percent of prefill. A measured profile landing
+        ("profile") is new knowledge of the machine and may change it."""
+        # Planning searches every tier's placements: off the event loop, or every stream stalls.
+        config = await asyncio.to_thread(self._plan, budget)
+        current = self.engine.config
+        in_force = getattr(current.schedule, "micro_batch", None)
+        if not keep_micro_batch or in_force is None or same_placement(current, config):
+            return config
+        kept = await asyncio.to_thread(self._plan, budget, in_force)
+        return kept if same_placement(current, kept) else config
+
     def _stop_auto(self) -> None:
         if self._auto_task is not None:
             self._auto_task.cancel()
@@ -153,8 +170,7 @@ class BudgetControl:
             threads = self.budget.max_cpu_threads if max_cpu_threads is None else max_cpu_threads
             budget = Budget(vram_bytes=vram_bytes, max_cpu_threads=threads)
             started = time.perf_counter()
-            # Planning searches every tier's placements: off the event loop, or every stream stalls.
-            config = await asyncio.to_thread(self._plan, budget)
+            config = await self._config_for(budget, keep_micro_batch=reason != "profile")
             reloaded, pause_ms = await asyncio.wrap_future(self.engine.reload(config))
             if reloaded:
                 _, extra_ms = await self._fit_to_measured(budget)

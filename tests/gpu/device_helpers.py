@@ -58,8 +58,10 @@ def measured_placement(engine: Engine, model) -> dict[str, str]:
     return where
 
 
-def greedy_tokens(engine: Engine, text: str, max_tokens: int = 24) -> list[int]:
-    """The token ids of one greedy reply."""
+def greedy_reply(engine: Engine, text: str, max_tokens: int = 32) -> tuple[list[int], list[int]]:
+    """One greedy reply: the prompt's token ids as the engine built them, and the reply's."""
+    from greedy_agreement import engine_prompt_tokens
+
     tokens: list[int] = []
     done = threading.Event()
     result: list[object] = []
@@ -72,9 +74,10 @@ def greedy_tokens(engine: Engine, text: str, max_tokens: int = 24) -> list[int]:
             done.set()
 
     spec = GenerationSpec(prompt=Prompt(messages=(("user", text),)), sampling=GREEDY, max_tokens=max_tokens)
+    prompt = engine_prompt_tokens(engine, spec)
     engine.submit(spec, sink)
     assert done.wait(300), "the engine never finished"
     if isinstance(result[0], SidecarError):
         raise result[0]
     assert isinstance(result[0], Finished)
-    return tokens
+    return prompt, tokens

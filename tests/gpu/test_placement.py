@@ -2,10 +2,15 @@
 
 Real llama.cpp loads onto RPC0 (see conftest): where each tensor went is read from llama.cpp's
 own load report (layer assignments, overrides, per-buffer sizes), never from the plan itself.
+The reply computed on that placement must be what the model says: greedy tokens within rounding
+of a plain CPU llama.cpp's choice at every position (greedy_agreement.py). Not the CPU run's exact
+tokens: RPC0 computes with the server's plain kernels, while CPU-resident weights may use repacked
+SIMD kernels that round otherwise (on AVX-512 the two runs part at token 19).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,7 +19,8 @@ from sidecar.budget import Budget
 from sidecar.executor import load_plan_inputs
 from sidecar.settings import Settings
 
-from device_helpers import DEVICE_HARDWARE, MIB, greedy_tokens, load_within, measured_placement
+from device_helpers import DEVICE_HARDWARE, MIB, greedy_reply, load_within, measured_placement
+from greedy_agreement import CpuReference, assert_greedy_agrees
 
 # From nothing on the device to everything on it; SmolLM2 is 98 MB of weights.
 BUDGETS = (0, 24 * MIB, 48 * MIB, 96 * MIB, 4096 * MIB)
@@ -32,19 +38,15 @@ def model_path(request: pytest.FixtureRequest, smollm2_path: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def cpu_reference(model_path: Path, rpc_device: str) -> list[int]:
-    engine = load_within(settings_for(model_path), Budget(0))
-    try:
-        assert engine.config.device == rpc_device and engine.load_report.vram_bytes() == 0
-        return greedy_tokens(engine, QUESTION)
-    finally:
-        engine.close()
+def cpu_reference(model_path: Path) -> Iterator[CpuReference]:
+    with CpuReference(model_path) as reference:
+        yield reference
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("budget", BUDGETS, ids=lambda b: f"{b // MIB}MiB")
 def test_every_sub_layer_sits_where_the_plan_says(model_path: Path, budget: int, rpc_device: str,
-                                                  cpu_reference: list[int]) -> None:
+                                                  cpu_reference: CpuReference) -> None:
     settings = settings_for(model_path)
     engine = load_within(settings, Budget(budget))
     try:
@@ -65,7 +67,9 @@ def test_every_sub_layer_sits_where_the_plan_says(model_path: Path, budget: int,
         assert kv_on_device == (attention_on_device if schedule.kv_on_gpu else set())
         assert bool(report.kv_bytes.get(_buffer_name(report, rpc_device))) == bool(kv_on_device)
 
-        assert greedy_tokens(engine, QUESTION) == cpu_reference, "greedy tokens differ from the CPU-only run"
+        prompt, reply = greedy_reply(engine, QUESTION)
+        agreement = assert_greedy_agrees(cpu_reference, prompt, reply, f"the reply at {budget // MIB} MiB")
+        print(f"{model_path.name} at {budget // MIB} MiB: {agreement.describe()}")
     finally:
         engine.close()
 
@@ -74,3 +78,48 @@ def _buffer_name(report, device: str) -> str:
     from sidecar.engine.load_report import buffer_device
 
     return next((b for b in report.kv_bytes if buffer_device(b) == device), "")
+
+
+def _ffn_down_swapped(source: Path, out: Path, layers: tuple[int, int]) -> Path:
+    """A copy of `source` with two layers' ffn_down swapped: a real model's weights, two in the
+    wrong place, as a placement or loading bug would leave them."""
+    import shutil
+
+    import numpy as np
+    from gguf import GGUFReader
+
+    shutil.copyfile(source, out)
+    tensors = {t.name: t for t in GGUFReader(source).tensors}
+    a, b = (tensors[f"blk.{i}.ffn_down.weight"] for i in layers)
+    assert (a.tensor_type, a.n_bytes) == (b.tensor_type, b.n_bytes), "the two must be alike to swap"
+    data = np.memmap(out, mode="r+")
+    first = data[a.data_offset:a.data_offset + a.n_bytes].copy()
+    data[a.data_offset:a.data_offset + a.n_bytes] = data[b.data_offset:b.data_offset + b.n_bytes]
+    data[b.data_offset:b.data_offset + b.n_bytes] = first
+    data.flush()
+    return out
+
+
+SWAPPED_LAYERS = (4, 20)
+
+
+@pytest.mark.slow
+def test_the_agreement_check_catches_wrong_weights_on_the_device(smollm2_path: Path, rpc_device: str,
+                                                                 tmp_path: Path) -> None:
+    """The mutation the check above must catch: every tensor sits where the plan says, but the
+    device's weights are wrong. Against the true model's CPU reference the reply fails; against
+    the wrong file's own reference it holds, so it is the weights that are caught, not the device."""
+    wrong = _ffn_down_swapped(smollm2_path, tmp_path / "swapped.gguf", SWAPPED_LAYERS)
+    engine = load_within(settings_for(wrong), Budget(4096 * MIB))
+    try:
+        assert engine.load_report.device_bytes(rpc_device) > 90 * MIB
+        prompt, reply = greedy_reply(engine, QUESTION)
+    finally:
+        engine.close()
+    with CpuReference(smollm2_path) as true_model:
+        caught = true_model.score(prompt, reply)
+    with CpuReference(wrong) as same_weights:
+        honest = same_weights.score(prompt, reply)
+    print(f"wrong weights against the true model: {caught.describe()}; against their own file: {honest.describe()}")
+    assert not caught.holds(), f"wrong weights passed the agreement check: {caught.describe()}"
+    assert honest.holds(), f"the check failed a faithful run of the same weights: {honest.describe()}"
