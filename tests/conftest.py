@@ -16,7 +16,7 @@ import pytest
 
 from sidecar.client import SidecarClient
 from sidecar.default_model import default_model_path
-from skip_summary import pytest_terminal_summary  # noqa: F401 (a hook: the run ends with what it skipped)
+from run_summary import pytest_terminal_summary  # noqa: F401 (a hook: the run ends with what it skipped)
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -76,7 +76,7 @@ def test_frozen_daemon_streams_a_reply(frozen: Path, tmp_path: Path) -> None:
         with daemon.client(timeout_s=120) as client:
             pieces = list(client.chat("Greetings, traveller! Who are you?", max_tokens=24, reply=reply,
                                       sampling=pb.SamplingParams(temperature=0.0)))
-        assert len(pieces) >= 1 and len(reply.text.split()) >= 3, reply.text
+        assert len(pieces) >= 1 and reply.text.strip(), reply.text  # what it says differs by CPU
         assert reply.final is not None and 0 < reply.final.usage.completion_tokens <= 24
         assert reply.final.finish_reason in (pb.FINISH_REASON_STOP, pb.FINISH_REASON_LENGTH)
     finally:

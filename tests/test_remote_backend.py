@@ -233,9 +233,16 @@ def test_reply_streams_through_the_daemon(remote_daemon: RunningDaemon, server: 
 
 @needs_server
 def test_second_turn_carries_the_history(remote_daemon: RunningDaemon) -> None:
+    def session_tokens() -> int:
+        with remote_daemon.client(timeout_s=30) as client:
+            return {s.session_id: s.tokens for s in client.status().sessions}.get("aria", 0)
+
     _chat(remote_daemon, "My name is Aria. Remember it.", session_id="aria", max_tokens=20)
-    second = _chat(remote_daemon, "What is my name?", session_id="aria", max_tokens=20)
-    assert "Aria" in second.text, second.text  # only the first turn, sent again, says so
+    after_first = session_tokens()
+    _chat(remote_daemon, "What is my name?", session_id="aria", max_tokens=20)
+    # The mechanism, not the model's words (which differ by CPU): the session holds the first turn
+    # and the second on top of it (the server is sent the whole history each turn).
+    assert session_tokens() > after_first > 0
     with remote_daemon.client(timeout_s=30) as client:
         sessions = {s.session_id: s for s in client.status().sessions}
         assert sessions["aria"].tokens > 0
@@ -243,8 +250,9 @@ def test_second_turn_carries_the_history(remote_daemon: RunningDaemon) -> None:
         with pytest.raises(grpc.RpcError) as e:
             client.end_session("aria")
         assert e.value.code() == grpc.StatusCode.NOT_FOUND
-    fresh = _chat(remote_daemon, "What is my name?", session_id="aria", max_tokens=20)
-    assert "Aria" not in fresh.text, fresh.text
+    _chat(remote_daemon, "What is my name?", session_id="aria", max_tokens=20)
+    # Ended: the same id starts over, holding one turn again, not three.
+    assert 0 < session_tokens() < after_first + 24
 
 
 @needs_server
@@ -268,7 +276,7 @@ def test_the_openai_api_is_served_in_remote_mode_too(remote_daemon: RunningDaemo
     chunks = client.chat.completions.create(model=model, messages=conversation, max_tokens=20, temperature=0,
                                             stream=True, extra_headers={"X-Session-Id": "http-aria"})
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    assert "Aria" in text, text
+    assert text.strip(), text  # what it says differs by CPU; the session is checked below
     with remote_daemon.client(timeout_s=30) as grpc_client:
         # One session, kept by the daemon: the second turn continued it instead of starting over.
         assert grpc_client.end_session("http-aria") > 0
@@ -281,6 +289,8 @@ def test_the_openai_api_is_served_in_remote_mode_too(remote_daemon: RunningDaemo
 @needs_server
 def test_stop_string_is_cut_by_the_daemon(remote_daemon: RunningDaemon) -> None:
     prompt = "Tell me about the sea."
+    # The server keeps the last prompt's KV: after a first call, the two compared are computed alike.
+    _chat(remote_daemon, prompt, max_tokens=1)
     whole = _chat(remote_daemon, prompt, max_tokens=30)
     assert len(whole.text) >= 24, whole.text
     # Greedy decoding repeats the same reply, so a piece from its middle, likely spanning two

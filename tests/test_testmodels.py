@@ -384,15 +384,17 @@ def logits_after_prompt_and_two_tokens(path: Path) -> tuple[np.ndarray, np.ndarr
 def test_expert_conversion_of_a_dense_model_matches_it(tmp_path):
     """The SmolLM2 converter works on any dense llama gguf; tiny ones make this fast."""
     dense_f32 = write_tiny_llama(tmp_path / "dense.gguf")
-    # Quantized like SmolLM2: dense and expert matmuls then share one CPU kernel, so grouped
-    # routing (each copy weighted exactly 1/2) reproduces the dense logits bit for bit.
+    # Grouped routing weights each of two identical experts exactly 1/2, so the mixture computes
+    # the dense FFN. Equal to rounding, not bit for bit: the dense matmul (MUL_MAT) and the expert
+    # one (MUL_MAT_ID) are different ops, and on some CPUs (repacked AVX-512 kernels) different
+    # kernels. A wrong conversion (an expert from another layer, a bad router) is off by far more.
     dense_q4_1 = quantize(dense_f32, tmp_path / "dense_q4_1.gguf", llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_1)
     moe_q4_1 = write_smollm2_moe(tmp_path / "moe_q4_1.gguf", source=dense_q4_1)
     dense_logits = logits_after_prompt_and_two_tokens(dense_q4_1)
     moe_logits = logits_after_prompt_and_two_tokens(moe_q4_1)
     for d, m in zip(dense_logits, moe_logits, strict=True):
-        assert np.array_equal(d, m)
-    # In f32 the dense matmul may take a different GEMM than the expert one: equal to rounding.
+        np.testing.assert_allclose(d, m, atol=1e-4)
+    # In f32 likewise.
     moe_f32 = write_smollm2_moe(tmp_path / "moe_f32.gguf", source=dense_f32)
     dense_logits = logits_after_prompt_and_two_tokens(dense_f32)
     moe_logits = logits_after_prompt_and_two_tokens(moe_f32)
@@ -465,16 +467,20 @@ def test_smollm2_moe_layout(smollm2_moe):
 
 
 @pytest.mark.slow
-def test_smollm2_moe_generates_the_same_text_as_dense(smollm2_moe):
+def test_smollm2_moe_says_what_the_dense_model_says(smollm2_moe):
     dense = load(smollm2_source_path())
     moe = load(smollm2_moe)
-    dense_tokens = greedy(dense, chat_prompt(dense), 20)
-    moe_tokens = greedy(moe, chat_prompt(moe), 20)
-    text = moe.detokenize(moe_tokens).decode("utf-8", "replace")
-    assert "cat" in text.lower() or len(set(text.split())) > 5, text
+    prompt = chat_prompt(dense)
+    assert chat_prompt(moe) == prompt
+    moe_tokens = greedy(moe, prompt, 20)
+    dense.close()
     # Grouped routing gives each picked expert weight exactly 1/2, so the mixture of identical
-    # experts reproduces the dense FFN bit for bit.
-    assert moe_tokens == dense_tokens
+    # experts computes the dense FFN: the MoE's greedy reply is what the dense model says, within
+    # rounding (MUL_MAT_ID is another op than MUL_MAT, so not always the same tokens).
+    from greedy_agreement import CpuReference, assert_greedy_agrees
+
+    with CpuReference(smollm2_source_path()) as reference:
+        assert_greedy_agrees(reference, prompt, moe_tokens, "the MoE's reply under the dense model")
 
 
 @pytest.mark.slow

@@ -1,4 +1,5 @@
-"""The end of a test run says what did not run, and the one command that would run it.
+"""The end of a test run says what did not run, and the one command that would run it, and the
+tallies that tests recorded (the fuzz suites' requests, crashes, hangs...).
 
 A newcomer who runs ./scripts/test on their own machine sees "57 skipped" and cannot tell whether
 that is the Unity client (no Mono here), the Godot scene (no Godot 4 binary) or something broken.
@@ -8,6 +9,15 @@ So the run ends with each reason, how many tests it skipped, and what to do to i
 from __future__ import annotations
 
 from collections import Counter
+
+import pytest
+
+_TALLIES = pytest.StashKey[dict]()
+
+
+def record_tally(config: pytest.Config, name: str, counts: dict[str, int]) -> None:
+    """Print `counts` under `name` at the end of the run (a module's fixture calls it at teardown)."""
+    config.stash.setdefault(_TALLIES, {})[name] = dict(counts)
 
 # (a phrase of the skip reason, the command that includes those tests). First match wins.
 HOW_TO_INCLUDE = (
@@ -34,6 +44,8 @@ def how_to_include(reason: str) -> str:
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    for name, counts in config.stash.get(_TALLIES, {}).items():
+        terminalreporter.write_line(f"{name}: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
     skipped = [r for r in terminalreporter.stats.get("skipped", []) if getattr(r, "longrepr", None)]
     if not skipped:
         return
