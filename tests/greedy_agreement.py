@@ -22,11 +22,12 @@ from pathlib import Path
 
 import numpy as np
 
-# Measured on the tests' replies (SmolLM2-135M Q4_1, on RPC0 and on CPU, native and non-native
-# builds): the worst gap of an honest reply was under 0.2 logits, and 95-100% of positions chose
-# the reference's top token. A reply computed with wrong weights or a wrong cache has gaps of
-# several logits at many positions (tests/gpu/test_placement.py shows one).
-MAX_GAP = 1.0
+# Measured on the tests' replies (SmolLM2-135M Q4_1; RPC0 and CPU; the native build and the
+# second one of scripts/test-other-kernels): an honest reply's worst gap was 0.02-0.08 logits with
+# an F16 cache and up to 0.40 across reloads onto a Q8_0 cache, with 91-100% of positions on the
+# reference's top token. Wrong weights (two layers' ffn_down swapped) gave 3.0-3.1, swapped KV
+# caches 6.6. The tolerance sits between, with room for CPUs whose kernels round otherwise again.
+MAX_GAP = 1.5
 MIN_TOP1_SHARE = 0.8
 
 

@@ -38,7 +38,6 @@ def test_the_instance_lock_admits_one_holder_and_survives_a_crash(tmp_path) -> N
     second.release()
 
 
-LONG = pb.GenerateRequest(prompt=LONG_PROMPT, max_tokens=2000, sampling=pb.SamplingParams(temperature=0))
 # Without the repetition penalty SmolLM2 counts on past any max_tokens (with it, it stops near 34).
 ENDLESS = pb.GenerateRequest(prompt=LONG_PROMPT, max_tokens=2000, sampling=pb.SamplingParams(temperature=0, repeat_penalty=1.0))
 
@@ -206,8 +205,11 @@ def test_a_second_sigint_skips_the_rest_of_the_grace_period() -> None:
     running = start_daemon(*ONE_THREAD, "--grace-seconds", "300")
     try:
         with running.client(timeout_s=120) as client, BridgeClient(running.ws_address, running.token) as bridge:
-            thread, first, _ = _stream_in_thread(client, LONG)
-            bridge.send({"id": "ws", "method": "Generate", "request": {"prompt": LONG_PROMPT, "maxTokens": 2000, "sampling": {"temperature": 0}}})
+            # ENDLESS: with the penalty the reply ends after about 34 tokens, and the daemon would
+            # have nothing left to drain.
+            thread, first, _ = _stream_in_thread(client, ENDLESS)
+            bridge.send({"id": "ws", "method": "Generate", "request": {"prompt": LONG_PROMPT, "maxTokens": 2000,
+                                                                      "sampling": {"temperature": 0, "repeatPenalty": 1}}})
             assert "chunk" in next(bridge.frames_of("ws"))
             assert first.wait(120)
             running.process.send_signal(signal.SIGINT)

@@ -19,6 +19,8 @@ _OVERRIDE = re.compile(r"tensor (?P<tensor>\S+) \(.*\) buffer type overridden to
 _LAYER = re.compile(r"load_tensors: layer\s+(?P<layer>\d+) assigned to device (?P<device>[^,\s]+)")
 _KV_LAYER = re.compile(r"llama_kv_cache: layer\s+(?P<layer>\d+): dev = (?P<device>\S+)")
 _BLOCK = re.compile(r"^blk\.(?P<layer>\d+)\.")
+# "llama_kv_cache: size = 2.99 MiB (256 cells, 30 layers, 1/1 seqs), K (q8_0): 1.49 MiB, V (q8_0): ..."
+_KV_TYPES = re.compile(r"llama_kv_cache: size = .* K \((?P<k>\w+)\):.* V \((?P<v>\w+)\):")
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,9 @@ class LoadReport:
     layer_devices: dict[int, str] = field(default_factory=dict)
     # layer -> device of that layer's KV cache.
     kv_layer_devices: dict[int, str] = field(default_factory=dict)
+    # The KV cache's ggml types as llama.cpp allocated them ("F16", "Q8_0"); "" if not logged.
+    kv_k_type: str = ""
+    kv_v_type: str = ""
 
     def tensor_device(self, tensor: str, n_layer: int, *, output: bool = False) -> str:
         """Where llama.cpp put one weight tensor: its override, else its layer's device. The
@@ -107,6 +112,7 @@ def parse_load_log(lines: list[str]) -> LoadReport:
     overridden: dict[str, str] = {}
     layers: dict[int, str] = {}
     kv_layers: dict[int, str] = {}
+    kv_types = ("", "")
     for line in lines:
         line = line.strip()
         if m := _BUFFER.match(line):
@@ -118,4 +124,7 @@ def parse_load_log(lines: list[str]) -> LoadReport:
             layers[int(m["layer"])] = m["device"]
         elif m := _KV_LAYER.search(line):
             kv_layers[int(m["layer"])] = m["device"]
-    return LoadReport(tables["model"], tables["KV"], tables["compute"], tables["output"], overridden, layers, kv_layers)
+        elif m := _KV_TYPES.search(line):
+            kv_types = (m["k"].upper(), m["v"].upper())
+    return LoadReport(tables["model"], tables["KV"], tables["compute"], tables["output"], overridden, layers, kv_layers,
+                      *kv_types)

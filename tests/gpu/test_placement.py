@@ -66,6 +66,8 @@ def test_every_sub_layer_sits_where_the_plan_says(model_path: Path, budget: int,
         kv_on_device = {layer for layer, dev in report.kv_layer_devices.items() if dev == rpc_device}
         assert kv_on_device == (attention_on_device if schedule.kv_on_gpu else set())
         assert bool(report.kv_bytes.get(_buffer_name(report, rpc_device))) == bool(kv_on_device)
+        # The cache llama.cpp allocated is of the plan's type (a plan's Q8_0 once went unapplied).
+        assert (report.kv_k_type, report.kv_v_type) == (schedule.kv_type, schedule.kv_type)
 
         prompt, reply = greedy_reply(engine, QUESTION)
         agreement = assert_greedy_agrees(cpu_reference, prompt, reply, f"the reply at {budget // MIB} MiB")
