@@ -338,3 +338,25 @@ def test_an_npc_s_tool_turns_in_a_session_come_from_the_cache(client: openai.Ope
         conversation += [{"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
                          {"role": "tool", "tool_call_id": call.id, "content": "Done; the thief is still near."}]
     client.delete(f"/sessions/{session['X-Session-Id']}", cast_to=httpx.Response)
+
+
+def test_a_schema_that_crashed_the_daemon_and_a_flood_of_messages_are_400(client: openai.OpenAI, model: str) -> None:
+    """Issue 29 (1, 3), as an outside client met them: a response_format whose maxLength compiles
+    to a grammar 20,000 groups deep (a segfault: every session lost), a tool whose parameters did
+    the same at 30,000, and 25,000 messages of "hi" under the body limit (an 8.6 s stall)."""
+    deep = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "maxLength": 20000}}}
+    with pytest.raises(openai.BadRequestError, match="maxLength"):
+        client.chat.completions.create(model=model, messages=ask("Hi"), max_tokens=2, response_format=deep)
+    tool = {"type": "function", "function": {"name": "say", "parameters": {
+        "type": "object", "properties": {"line": {"type": "string", "maxLength": 30000}}}}}
+    with pytest.raises(openai.BadRequestError, match="maxLength"):
+        client.chat.completions.create(model=model, messages=ask("Hi"), max_tokens=2, tools=[tool])
+    # Sent as plain JSON: the official client spends seconds preparing 25,000 messages itself.
+    flood = json.dumps({"model": model, "messages": [{"role": "user", "content": "hi"}] * 25_000, "max_tokens": 2})
+    started = time.monotonic()
+    refused = httpx.post(str(client.base_url) + "chat/completions", content=flood, timeout=60,
+                         headers={"Authorization": f"Bearer {client.api_key}", "Content-Type": "application/json"})
+    print(f"25,000 messages ({len(flood)} bytes) refused in {time.monotonic() - started:.2f} s")
+    assert refused.status_code == 400 and "messages" in refused.json()["error"]["message"], refused.text
+    reply = client.chat.completions.create(model=model, messages=ask("Hi"), max_tokens=2, **GREEDY)
+    assert reply.usage.completion_tokens >= 1  # the daemon is still up

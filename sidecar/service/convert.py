@@ -22,12 +22,16 @@ from sidecar.engine.load_report import is_vram
 from sidecar.engine.requests import IMAGE_MARKER
 from sidecar.errors import InvalidArgument
 from sidecar.service.request_checks import check_prompt_size, check_session_id, normalized_schema
+from sidecar.service.schema_bounds import check_grammar
 from sidecar.service import tool_calls
 from sidecar.vision.image_input import decode_encoded, decode_raw
 
 DEFAULT_MAX_TOKENS = 256
 MAX_STOP_STRINGS = 16
 MAX_STOP_LENGTH = 256
+# The fewest tokens a chat template spends on one message, content aside (ChatML spends five:
+# <|im_start|>, the role, a newline, <|im_end|>, a newline).
+MIN_TOKENS_PER_MESSAGE = 3
 
 _FINISH = {
     FinishReason.STOP: pb.FINISH_REASON_STOP,
@@ -67,14 +71,39 @@ def grammar_for(json_schema: str) -> str | None:
     if not json_schema:
         return None
     schema = normalized_schema(json_schema)
-    return json_schema_grammar(schema) if schema is not None else None
+    return check_grammar(json_schema_grammar(schema)) if schema is not None else None
 
 
-def prompt_bytes(r: pb.GenerateRequest) -> int:
-    """UTF-8 bytes of the text a request asks the model to read (its prompt or message contents)."""
+def request_text_bytes(r: pb.GenerateRequest) -> dict[str, int]:
+    """UTF-8 bytes of every text of a request that the model reads, by field: the prompt or the
+    messages' contents, the shared context, and the tools (names, descriptions, schemas), which
+    go into the system message."""
     if r.WhichOneof("input") == "prompt":
-        return len(r.prompt.encode("utf-8"))
-    return sum(len(m.content.encode("utf-8")) for m in r.messages.messages)
+        prompt = len(r.prompt.encode("utf-8"))
+    else:
+        prompt = sum(len(m.content.encode("utf-8")) + len(m.role) for m in r.messages.messages)
+    tools = sum(len(t.name.encode("utf-8")) + len(t.description.encode("utf-8")) + len(t.parameters_json_schema.encode("utf-8"))
+                for t in r.tools)
+    return {"messages" if r.WhichOneof("input") == "messages" else "prompt": prompt,
+            "context": len(r.context.encode("utf-8")), "tools": tools}
+
+
+def check_request_size(r: pb.GenerateRequest, max_prompt_tokens: int) -> None:
+    """One rule for the whole request, before anything renders or tokenizes it: what the model
+    would read must fit `max_prompt_tokens` by its bytes (request_checks.check_prompt_size), and
+    by its messages, each of which costs template tokens even when empty (300,000 empty messages
+    once stalled every stream for a minute while they were rendered)."""
+    if max_prompt_tokens <= 0:
+        return
+    if r.WhichOneof("input") == "messages":
+        n = len(r.messages.messages)
+        if n * MIN_TOKENS_PER_MESSAGE > max_prompt_tokens:
+            raise InvalidArgument(
+                f"messages: {n} messages cannot fit in {max_prompt_tokens} prompt tokens (--max-prompt-tokens): "
+                f"each takes at least {MIN_TOKENS_PER_MESSAGE} tokens of the chat template"
+            )
+    sizes = request_text_bytes(r)
+    check_prompt_size(sum(sizes.values()), max_prompt_tokens, what=" + ".join(f"{k} {v}" for k, v in sizes.items() if v))
 
 
 def stop_strings(stop) -> tuple[str, ...]:
@@ -89,7 +118,7 @@ def stop_strings(stop) -> tuple[str, ...]:
 def generation_spec_from_pb(r: pb.GenerateRequest, max_prompt_tokens: int = 0) -> GenerationSpec:
     """A validated GenerationSpec, or InvalidArgument naming the field that is wrong. A prompt too
     long for `max_prompt_tokens` by its bytes alone is refused here, untokenized."""
-    check_prompt_size(prompt_bytes(r), max_prompt_tokens)
+    check_request_size(r, max_prompt_tokens)
     check_session_id(r.session_id)
     which = r.WhichOneof("input")
     if which == "messages":

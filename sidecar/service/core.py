@@ -71,15 +71,7 @@ class SidecarService:
         """Stream a generation. Stopping iteration early (client gone) cancels the engine job."""
         if self.draining:
             raise Unavailable("the daemon is shutting down")
-        self._ready_engine()
-        # The transports admit messages up to the largest image; everything but AskImage keeps
-        # to --max-message-bytes, with the code gRPC itself gives an oversized message.
-        size = request.ByteSize()
-        if size > self.info.max_message_bytes:
-            raise ResourceExhausted(f"the request is {size} bytes; the limit is {self.info.max_message_bytes} (--max-message-bytes)")
-        # In a worker thread: a JSON schema's grammar or a long prompt's checks must not hold up
-        # the event loop, which streams every other conversation's chunks.
-        spec = await asyncio.to_thread(convert.generation_spec_from_pb, request, self.engine.config.max_prompt_tokens)
+        spec = await self.spec_for(request)
         calls = request.tools and request.tool_choice != "none"
         reply: list[str] = []
         async for chunk in self._stream(spec):
@@ -89,6 +81,23 @@ class SidecarService:
                 else:
                     reply.append(chunk.text)
             yield chunk
+
+    def max_prompt_tokens(self) -> int:
+        """The prompt tokens one turn may take (0: no local limit, remote mode)."""
+        return self._ready_engine().config.max_prompt_tokens
+
+    async def spec_for(self, request: pb.GenerateRequest) -> GenerationSpec:
+        """A GenerateRequest checked and converted as every transport's must be: its size, then
+        every field by the one rule of convert (off the event loop)."""
+        self._ready_engine()
+        # The transports admit messages up to the largest image; everything but AskImage keeps
+        # to --max-message-bytes, with the code gRPC itself gives an oversized message.
+        size = request.ByteSize()
+        if size > self.info.max_message_bytes:
+            raise ResourceExhausted(f"the request is {size} bytes; the limit is {self.info.max_message_bytes} (--max-message-bytes)")
+        # In a worker thread: a JSON schema's grammar or a long prompt's checks must not hold up
+        # the event loop, which streams every other conversation's chunks.
+        return await asyncio.to_thread(convert.generation_spec_from_pb, request, self.max_prompt_tokens())
 
     async def ask_image(self, request: pb.AskImageRequest) -> AsyncIterator[pb.GenerateChunk]:
         """Answer a question about a screenshot (or, in a session, about its last one)."""

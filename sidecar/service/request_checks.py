@@ -2,35 +2,33 @@
 pure, and each answering INVALID_ARGUMENT with the field it is about.
 
 They stand between untrusted text and work that grows with it: a prompt is refused by its size in
-bytes before anything tokenizes it, a JSON schema by its nesting before a recursive converter walks
-it, a session id by its characters before it reaches logs and `xlm-sidecar status`.
+bytes before anything tokenizes it, a JSON schema by its bounds (schema_bounds.py) before it is
+compiled to a grammar, a session id by its characters before it reaches logs and `xlm-sidecar status`.
 """
 
 from __future__ import annotations
 
-import json
 import unicodedata
 
 from sidecar.errors import InvalidArgument
+from sidecar.service.schema_bounds import parse_schema
 
 # No tokenizer llama.cpp loads makes a token of more than a few dozen bytes out of ordinary text
 # (SmolLM2's longest merges are whitespace runs of 16 characters); a prompt with more bytes than
 # this many per allowed token cannot be within the token limit, whatever it says.
 MAX_BYTES_PER_TOKEN = 32
-# Deeper schemas are not schemas anyone writes for an NPC's actions; the grammar converter
-# recurses once per level.
-MAX_SCHEMA_DEPTH = 64
 
 
-def check_prompt_size(n_bytes: int, max_prompt_tokens: int) -> None:
+def check_prompt_size(n_bytes: int, max_prompt_tokens: int, what: str = "") -> None:
     """Refuse a prompt that is too long by its bytes alone, before it is tokenized (tokenizing
-    megabytes takes seconds). 0 tokens means no local limit (remote mode)."""
+    megabytes takes seconds). 0 tokens means no local limit (remote mode). `what` names the
+    fields the bytes came from, for the message."""
     if max_prompt_tokens <= 0:
         return
     limit = max_prompt_tokens * MAX_BYTES_PER_TOKEN
     if n_bytes > limit:
         raise InvalidArgument(
-            f"the prompt is {n_bytes} bytes, far more than {max_prompt_tokens} tokens "
+            f"the prompt is {n_bytes} bytes{f' ({what})' if what else ''}, far more than {max_prompt_tokens} tokens "
             f"(--max-prompt-tokens) can hold; at most {limit} bytes are read"
         )
 
@@ -48,33 +46,13 @@ def normalized_schema(text: str) -> str | None:
     """The JSON schema as the grammar converter takes it, or None when it admits any JSON value.
 
     `true` and `{}` admit everything (JSON Schema's boolean schemas); `false` admits nothing, so
-    no reply could satisfy it. Anything but an object or a boolean is not a schema."""
-    try:
-        schema = json.loads(text)
-    except RecursionError:
-        raise InvalidArgument(f"json_schema is nested more than {MAX_SCHEMA_DEPTH} levels deep") from None
-    except ValueError as e:
-        raise InvalidArgument(f"json_schema is not valid JSON: {e}") from None
+    no reply could satisfy it. Anything but an object or a boolean is not a schema. Every bound of
+    schema_bounds holds for it (size, nesting, repetition counts, enums)."""
+    schema = parse_schema(text)
     if schema is True:
         return None
     if schema is False:
         raise InvalidArgument("json_schema is false: no reply can satisfy it")
     if not isinstance(schema, dict):
         raise InvalidArgument("json_schema must be a JSON object (or true)")
-    if _depth(schema) > MAX_SCHEMA_DEPTH:
-        raise InvalidArgument(f"json_schema is nested more than {MAX_SCHEMA_DEPTH} levels deep")
     return text
-
-
-def _depth(value: object) -> int:
-    """Nesting depth of a parsed JSON value, without recursion (the value may be deep)."""
-    deepest = 0
-    stack = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        deepest = max(deepest, depth)
-        if deepest > MAX_SCHEMA_DEPTH:
-            return deepest
-        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
-        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
-    return deepest

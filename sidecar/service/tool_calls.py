@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sidecar.errors import InvalidArgument
+from sidecar.service.schema_bounds import parse_schema
 
 MAX_TOOLS = 64
 
@@ -98,10 +99,8 @@ def plan_from_pb(request) -> ToolPlan | None:
         raise InvalidArgument("tools need chat messages, not a raw prompt")
     functions = []
     for t in request.tools:
-        try:
-            parameters = json.loads(t.parameters_json_schema) if t.parameters_json_schema else None
-        except ValueError as e:
-            raise InvalidArgument(f"tool {t.name!r}: parameters_json_schema is not JSON: {e}") from None
+        parameters = parse_schema(t.parameters_json_schema, f"tool {t.name!r}: parameters_json_schema") \
+            if t.parameters_json_schema else None
         if parameters is not None and not isinstance(parameters, dict):
             raise InvalidArgument(f"tool {t.name!r}: parameters_json_schema must be a JSON object")
         if not t.name:
