@@ -360,3 +360,24 @@ def test_a_schema_that_crashed_the_daemon_and_a_flood_of_messages_are_400(client
     assert refused.status_code == 400 and "messages" in refused.json()["error"]["message"], refused.text
     reply = client.chat.completions.create(model=model, messages=ask("Hi"), max_tokens=2, **GREEDY)
     assert reply.usage.completion_tokens >= 1  # the daemon is still up
+
+
+def test_seeds_session_ids_and_tool_parameters_agree_with_grpc(client: openai.OpenAI, model: str, api: RunningDaemon,
+                                                                base: str) -> None:
+    """Issue 29 (7, 11, 13): HTTP refused seed 2^32-1 (gRPC takes any uint64); X-Session-Id was read
+    as latin-1, so "drachen-über" in the header and in `user` were two NPCs; a tool whose parameters
+    are not an object schema answered arguments "{}", and an unsatisfiable one was accepted."""
+    for seed in (2**32 - 1, 2**64 - 1):
+        assert client.chat.completions.create(model=model, messages=ask("Hi"), max_tokens=2, seed=seed).choices
+    name = "drachen-über"
+    headers = {"Authorization": f"Bearer {api.token}", "X-Session-Id": name.encode("utf-8")}  # the raw bytes
+    body = {"model": model, "messages": ask("Hi"), "max_tokens": 2}
+    first = httpx.post(base + "/v1/chat/completions", json=body, headers=headers, timeout=60)
+    assert first.status_code == 200, first.text
+    with api.client(timeout_s=30) as grpc_client:
+        assert name in {s.session_id for s in grpc_client.status().sessions}
+        grpc_client.end_session(name)
+    for parameters in ({"type": "string"}, {"type": "object", "properties": {"n": {"type": "integer", "minimum": 10, "maximum": 1}}}):
+        tool = {"type": "function", "function": {"name": "act", "parameters": parameters}}
+        with pytest.raises(openai.BadRequestError):
+            client.chat.completions.create(model=model, messages=ask("Hi"), max_tokens=2, tools=[tool])

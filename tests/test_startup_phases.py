@@ -85,6 +85,26 @@ def test_listens_before_the_model_is_loaded_then_becomes_ready(held) -> None:
     assert events.index("listening") < events.index("ready")
 
 
+def test_http_health_says_loading_until_the_model_is_in(held) -> None:
+    """Issue 29 (9): /health said 200 "ok" while the model was still loading (gRPC's health said
+    NOT_SERVING), so a plugin polling it got 503s on its first request."""
+    import httpx
+
+    from openai_http_support import http_base
+
+    daemon, release = held
+    loading = httpx.get(http_base(daemon) + "/health", timeout=30)
+    assert loading.status_code == 503 and loading.json()["status"] == "loading", loading.text
+    assert int(loading.headers["retry-after"]) > 0
+    release.touch()
+    deadline = time.monotonic() + 120
+    while (r := httpx.get(http_base(daemon) + "/health", timeout=30)).status_code != 200:
+        assert time.monotonic() < deadline, r.text
+        time.sleep(0.1)
+    assert r.json()["status"] == "ok"
+    assert _health(daemon.address) == health_pb2.HealthCheckResponse.SERVING  # the two agree
+
+
 def test_a_stop_while_loading_exits_at_once(held) -> None:
     daemon, _release = held
     started = time.monotonic()

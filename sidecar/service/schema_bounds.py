@@ -35,6 +35,11 @@ MAX_GRAMMAR_NESTING = 1024
 
 _COUNTS = ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties", "minContains",
            "maxContains")
+# (lower, upper) keyword pairs: a lower bound above its upper one admits nothing, and the grammar
+# converter would write a grammar that admits something anyway (the call {"n": 10} for 10 <= n <= 1).
+_RANGES = (("minimum", "maximum"), ("exclusiveMinimum", "exclusiveMaximum"), ("exclusiveMinimum", "maximum"),
+           ("minimum", "exclusiveMaximum"), ("minLength", "maxLength"), ("minItems", "maxItems"),
+           ("minProperties", "maxProperties"))
 _QUANTIFIER = re.compile(r"(?<!\\)\{(\d+)(?:,(\d*))?\}")
 
 
@@ -78,9 +83,17 @@ def _check_keywords(node: dict, path: str, field: str) -> None:
             n = max(int(low), int(high) if high else 0)
             if n > MAX_REPETITION:
                 raise InvalidArgument(f"{field}: pattern at {path} repeats {n} times; at most {MAX_REPETITION}")
+    for low_key, high_key in _RANGES:
+        low, high = node.get(low_key), node.get(high_key)
+        if _number(low) and _number(high) and (low > high or (low == high and "exclusive" in low_key + high_key)):
+            raise InvalidArgument(f"{field}: {low_key} {low:g} above {high_key} {high:g} at {path}: no value satisfies it")
     enum = node.get("enum")
     if isinstance(enum, list) and len(enum) > MAX_ENUM_VALUES:
         raise InvalidArgument(f"{field}: enum at {path} has {len(enum)} values; at most {MAX_ENUM_VALUES}")
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def check_grammar(gbnf: str, source: str = "json_schema") -> str:

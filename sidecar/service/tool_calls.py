@@ -10,13 +10,16 @@ naming a declared function.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
 from sidecar.errors import InvalidArgument
-from sidecar.service.schema_bounds import parse_schema
+from sidecar.service.schema_bounds import check_schema, parse_schema
 
 MAX_TOOLS = 64
+# OpenAI's rule for function names, for gRPC and the bridge as for HTTP.
+TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,15 @@ def plan(functions: list[Function], choice: str | None) -> ToolPlan:
     """choice: "auto", "required", or one function's name."""
     if len(functions) > MAX_TOOLS:
         raise InvalidArgument(f"at most {MAX_TOOLS} tools")
+    for f in functions:  # one rule for every transport's tools
+        if not TOOL_NAME.fullmatch(f.name):
+            raise InvalidArgument(f"tool name {f.name!r} must be 1 to 64 letters, digits, '_' or '-' "
+                                  "(it is written into the system message)")
+        if f.parameters is not None:
+            if f.parameters.get("type", "object") != "object" or not isinstance(f.parameters.get("properties", {}), dict):
+                raise InvalidArgument(f"tool {f.name!r}: parameters must be an object schema (the call's "
+                                      f"arguments are a JSON object), not {json.dumps(f.parameters)[:80]}")
+            check_schema(f.parameters, f"tool {f.name!r} parameters")
     by_name = {f.name: f for f in functions}
     if len(by_name) != len(functions):
         raise InvalidArgument("tool names must be unique")

@@ -15,11 +15,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from sidecar.engine.sessions import MAX_SESSION_ID_LENGTH
 
-# OpenAI's own ranges where ours are wider; ours where they are narrower (seed).
+# OpenAI's own ranges where ours are wider. Seeds take any uint64, as gRPC's do (folded into
+# llama.cpp's 32 bits the same way, convert.sampling_from_pb).
 Temperature = Annotated[float, Field(ge=0.0, le=2.0)]
 TopP = Annotated[float, Field(ge=0.0, le=1.0)]
 Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
-Seed = Annotated[int, Field(ge=0, le=2**32 - 2)]
+Seed = Annotated[int, Field(ge=0, le=2**64 - 1)]
 MaxTokens = Annotated[int, Field(ge=1, le=1 << 20)]
 StopString = Annotated[str, Field(min_length=1, max_length=256)]
 Stop = Union[StopString, Annotated[list[StopString], Field(max_length=16)], None]

@@ -185,8 +185,13 @@ class OpenAIApi:
     # -- endpoints --------------------------------------------------------------------------------
 
     async def health(self, request: Request) -> Response:
+        """As gRPC's health: serving only once the model is in (a plugin that polls /health then
+        gets no 503 on its first request), not while starting, loading or draining."""
         if self.core.draining:
             return JSONResponse({"status": "draining"}, status_code=503)
+        if self.core.engine is None:
+            return JSONResponse({"status": "loading", "phase": self.core.state.current.phase}, status_code=503,
+                                headers={"Retry-After": "1"})
         return JSONResponse({"status": "ok"})
 
     async def openapi(self, request: Request) -> Response:

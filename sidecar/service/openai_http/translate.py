@@ -45,6 +45,13 @@ class Turn:
 
 
 def session_id_of(header: str | None, body: _Sampling) -> str:
+    """The session: X-Session-Id, else `user`. HTTP hands header values over as latin-1; a game
+    sends UTF-8 there as everywhere, so "drachen-über" is one NPC over the header, `user` and gRPC."""
+    if header:
+        try:
+            header = header.encode("latin-1").decode("utf-8")
+        except UnicodeError:
+            raise InvalidArgument("X-Session-Id is not UTF-8") from None
     return (header or body.user or "").strip()
 
 
