@@ -219,6 +219,11 @@ def test_errors_have_the_statuses_of_their_grpc_codes(client: openai.OpenAI, mod
         client.chat.completions.create(model=model, max_tokens=2, messages=[{"role": "user", "content": [
             {"type": "text", "text": "What is this?"}, {"type": "image_url", "image_url": {"url": "data:image/png;base64,"
              "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSuQmCC"}}]}])
+    # Bytes that are no image at all: still the missing projector first, as over gRPC (issue 29, 13).
+    with pytest.raises(openai.BadRequestError, match="--mmproj"):
+        client.chat.completions.create(model=model, max_tokens=2, messages=[{"role": "user", "content": [
+            {"type": "text", "text": "What is this?"},
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,bm90IGFuIGltYWdl"}}]}])
     with pytest.raises(openai.BadRequestError, match="data: URL"):
         client.chat.completions.create(model=model, max_tokens=2, messages=[{"role": "user", "content": [
             {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}]}])
@@ -381,3 +386,45 @@ def test_seeds_session_ids_and_tool_parameters_agree_with_grpc(client: openai.Op
         tool = {"type": "function", "function": {"name": "act", "parameters": parameters}}
         with pytest.raises(openai.BadRequestError):
             client.chat.completions.create(model=model, messages=ask("Hi"), max_tokens=2, tools=[tool])
+
+
+def test_slow_clients_are_cut_off_and_others_are_served(api: RunningDaemon, base: str, client: openai.OpenAI,
+                                                       model: str) -> None:
+    """Issue 29 (10): a body never finished stayed open over 330 s, and 300 connections that never
+    finished their headers were all held. Now headers have HEADER_TIMEOUT_S and a body
+    BODY_TIMEOUT_S (408); an abandoned body logs no traceback; other clients are served throughout."""
+    import socket
+
+    from sidecar.service.openai_http.server import HEADER_TIMEOUT_S
+
+    host, port = base.removeprefix("http://").rsplit(":", 1)
+    slow = [socket.create_connection((host, int(port)), timeout=60) for _ in range(50)]
+    for s in slow:
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")  # and never the rest
+    started = time.monotonic()
+    assert client.chat.completions.create(model=model, messages=ask("Hi"), max_tokens=2).choices  # served meanwhile
+    for s in slow:
+        assert s.recv(1024) == b""  # closed by the daemon
+        s.close()
+    waited = time.monotonic() - started
+    print(f"50 connections without whole headers closed after {waited:.1f} s (deadline {HEADER_TIMEOUT_S} s)")
+    assert waited < HEADER_TIMEOUT_S + 20
+    with socket.create_connection((host, int(port)), timeout=60) as abandoned:
+        abandoned.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n"
+                          b"Authorization: Bearer " + api.token.encode() + b"\r\n\r\n{\"mod")
+    assert client.chat.completions.create(model=model, messages=ask("Hi"), max_tokens=2).choices
+
+
+def test_a_request_the_http_parser_cannot_read_gets_an_openai_error(base: str) -> None:
+    """Issue 29 (12): malformed requests got a plain-text 400 from the HTTP parser."""
+    import socket
+
+    host, port = base.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=30) as s:
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nBad Header Without Colon\r\n\r\n")
+        answer = b""
+        while chunk := s.recv(65536):
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400") and b"application/json" in head, answer
+    assert json.loads(body)["error"]["type"] == "invalid_request_error"

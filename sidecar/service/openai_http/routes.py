@@ -19,12 +19,12 @@ from pathlib import Path
 import pydantic
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from sidecar.api import pb
-from sidecar.errors import InvalidArgument, NotFound
+from sidecar.errors import FailedPrecondition, InvalidArgument, NotFound
 from sidecar.service import convert
 from sidecar.service.auth import Authenticator
 from sidecar.service.core import SidecarService
@@ -41,6 +41,8 @@ SESSION_HEADER = "x-session-id"
 MAX_TEXT_BODY_BYTES = 1 << 20
 # Bodies at least this large have their messages counted before validation (_check_message_count).
 MESSAGE_COUNT_CHECK_BYTES = 64 << 10
+# Time a request body has to arrive whole (the largest image at loopback speed takes milliseconds).
+BODY_TIMEOUT_S = 30.0
 
 
 def image_allowance(max_image_bytes: int) -> int:
@@ -119,10 +121,19 @@ class OpenAIApi:
         if declared is not None and declared.isdigit() and int(declared) > limit:
             raise too_large(limit, self._limit_name())
         body = bytearray()
-        async for piece in request.stream():
-            body += piece
-            if len(body) > limit:
-                raise too_large(limit, self._limit_name())
+        try:
+            # A body never finished held its connection for as long as the client liked (330 s
+            # and counting, issue 29): it has BODY_TIMEOUT_S to arrive whole.
+            async with asyncio.timeout(BODY_TIMEOUT_S):
+                async for piece in request.stream():
+                    body += piece
+                    if len(body) > limit:
+                        raise too_large(limit, self._limit_name())
+        except TimeoutError:
+            raise HttpRefusal(408, f"the request body did not arrive within {BODY_TIMEOUT_S:g} s",
+                              "invalid_request_error", "request_timeout") from None
+        except ClientDisconnect:
+            raise ClientGone() from None  # abandoned mid-body: nobody to answer, nothing to log
         return bytes(body)
 
     def _limit_name(self) -> str:
@@ -150,6 +161,8 @@ class OpenAIApi:
     async def _image_stream(self, turn: translate.Turn) -> AsyncIterator[pb.GenerateChunk]:
         """A turn with a new image: AskImage's checks on its bytes (off the event loop), then the
         conversation with the image in its place, through the same core stream."""
+        if self.core.engine.config.vision is None:  # before the bytes are looked at, as over gRPC
+            raise FailedPrecondition("this daemon has no vision model; start it with --mmproj PROJECTOR.gguf")
         spec = await self.core.spec_for(turn.request)  # the same checks as every other turn, off the loop
         image = await asyncio.to_thread(decode_encoded, turn.image, self.core.info.max_image_bytes)
         spec = replace(spec, image=image, asks_about_image=True)

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import socket
 
 import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from sidecar.service.auth import Authenticator
 from sidecar.service.core import SidecarService
@@ -28,6 +30,59 @@ class _Server(uvicorn.Server):
     @contextlib.contextmanager
     def capture_signals(self):  # uvicorn >= 0.29
         yield
+
+
+# A connection has this long to send a request's headers, from when it opens or its last response
+# ends (slowloris: 300 connections that never finished their headers were all held open).
+HEADER_TIMEOUT_S = 10.0
+
+
+class _HeaderTimedH11(H11Protocol):
+    """uvicorn's HTTP/1.1 protocol with a deadline for each request's headers."""
+
+    def connection_made(self, transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._awaiting = self.cycle
+        self._header_deadline = self.loop.call_later(HEADER_TIMEOUT_S, self._headers_late)
+
+    def handle_events(self) -> None:
+        super().handle_events()
+        if self.cycle is not self._awaiting and self._header_deadline is not None:
+            self._header_deadline.cancel()  # a request's headers are in
+            self._header_deadline = None
+
+    def on_response_complete(self) -> None:
+        finished = self.cycle
+        super().on_response_complete()  # may start a pipelined request at once
+        if self.cycle is finished and not self.transport.is_closing() and self._header_deadline is None:
+            self._awaiting = finished
+            self._header_deadline = self.loop.call_later(HEADER_TIMEOUT_S, self._headers_late)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._header_deadline is not None:
+            self._header_deadline.cancel()
+        super().connection_lost(exc)
+
+    def send_400_response(self, msg: str) -> None:
+        """A request the HTTP parser cannot read gets an OpenAI error object too, not plain text."""
+        import h11
+
+        body = json.dumps({"error": {"message": f"malformed HTTP request: {msg}", "type": "invalid_request_error",
+                                     "param": None, "code": "bad_request"}}).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                   (b"connection", b"close")]
+        try:
+            for event in (h11.Response(status_code=400, headers=headers, reason=b"Bad Request"), h11.Data(data=body),
+                          h11.EndOfMessage()):
+                self.transport.write(self.conn.send(event))
+        except h11.LocalProtocolError:  # h11 will not answer in the state the bad bytes left it in
+            pass
+        self.transport.close()
+
+    def _headers_late(self) -> None:
+        self._header_deadline = None
+        if self.cycle is self._awaiting and not self.transport.is_closing():
+            self.transport.close()
 
 
 class OpenAIHttpServer:
@@ -63,6 +118,7 @@ class OpenAIHttpServer:
             lifespan="off",
             server_header=False,
             timeout_keep_alive=30,
+            http=_HeaderTimedH11,
         )
         self._server = _Server(config)
         self._task = asyncio.create_task(self._server.serve(sockets=[sock]), name="openai-http")
