@@ -287,13 +287,13 @@ def _unread_by(reader_port: int, writer_port: int) -> int:
 
 
 def test_a_client_that_reads_late_still_gets_every_frame_in_order(bridge_daemon: RunningDaemon) -> None:
-    """Back-pressure, really exercised: a client that reads nothing while a reply streams and it
-    sends thousands of status calls. The answers fill the kernel's buffers, websockets' write
-    buffer and the bridge's outbox; then calls wait on the outbox, the connection's 64-call limit
-    is reached, and its refusal waits on the outbox too, so the bridge stops reading the client:
-    its frames pile up unread in the daemon's socket (checked). Nothing is lost: once the client
-    reads, every call ends exactly once (an answer, or RESOURCE_EXHAUSTED past the limit), the
-    reply's chunks in order, and other connections were served meanwhile. (Not for long: the
+    """Back-pressure, really exercised: a client that reads nothing while its reply streams and it
+    keeps sending frames that reuse the running call's id. Each is refused by the bridge's reader
+    itself with an ALREADY_EXISTS frame (400 bytes, no work behind it), so the refusals fill the
+    kernel's buffers, websockets' write buffer and the bridge's outbox within a second or two;
+    then the reader waits on the outbox and stops reading the client, whose frames pile up unread
+    in the daemon's socket (checked). Nothing is lost: once the client reads, the reply arrives
+    whole and in order, ending once, with one refusal for every frame sent. (Quickly: the
     server's keepalive drops a client that answers no ping for 20 s.)"""
     import socket
     import threading
@@ -303,38 +303,53 @@ def test_a_client_that_reads_late_still_gets_every_frame_in_order(bridge_daemon:
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connecting: the window
     sock.connect((host, daemon_port))
-    statuses = [f"s{i}" for i in range(3000)]
-    with connect(bridge_daemon.ws_address, sock=sock, max_size=None, max_queue=1,
-                 additional_headers={"Authorization": f"Bearer {bridge_daemon.token}"}) as ws:
-        ws.send(json.dumps({"id": "slow", "method": "Generate", "request": {**COUNTING, "maxTokens": 200}}))
+    call_id = "r" * 128  # the longest id: each refusal repeats it twice
+    sent, stop = [0], threading.Event()
+    try:
+        with connect(bridge_daemon.ws_address, sock=sock, max_size=None, max_queue=1,
+                     additional_headers={"Authorization": f"Bearer {bridge_daemon.token}"}) as ws:
+            ws.send(json.dumps({"id": call_id, "method": "Generate", "request": {**COUNTING, "maxTokens": 200}}))
+            duplicate = json.dumps({"id": call_id, "method": "GetStatus"})
 
-        def send_all() -> None:  # blocks once the bridge stops reading us
-            for call_id in statuses:
-                ws.send(json.dumps({"id": call_id, "method": "GetStatus"}))
+            def send_duplicates() -> None:  # blocks once the bridge stops reading us
+                while not stop.is_set() and sent[0] < 100_000:
+                    ws.send(duplicate)
+                    sent[0] += 1
 
-        sender = threading.Thread(target=send_all, daemon=True)
-        sender.start()
-        deadline = time.monotonic() + 15
-        unread = 0
-        while time.monotonic() < deadline and not unread:
-            time.sleep(0.5)
+            sender = threading.Thread(target=send_duplicates, daemon=True)
+            sender.start()
+            deadline, unread = time.monotonic() + 15, 0
+            while time.monotonic() < deadline and unread < 4096:
+                time.sleep(0.2)
+                unread = _unread_by(daemon_port, sock.getsockname()[1])
+            stop.set()
+            with BridgeClient(bridge_daemon.ws_address, bridge_daemon.token) as other:
+                assert status_over_bridge(other)["phase"] == "ENGINE_PHASE_READY"  # the others are served
+            # Not a lag that the daemon catches up on: with the sender stopped (or stuck), what sits
+            # unread stays unread.
+            time.sleep(1.0)
+            before = _unread_by(daemon_port, sock.getsockname()[1])
+            time.sleep(1.0)
             unread = _unread_by(daemon_port, sock.getsockname()[1])
-        with BridgeClient(bridge_daemon.ws_address, bridge_daemon.token) as other:
-            assert status_over_bridge(other)["phase"] == "ENGINE_PHASE_READY"  # the others are served
-        assert unread > 0, "the bridge kept reading a client that read nothing: no back-pressure"
-        frames: dict[str, list[dict]] = {"slow": [], **{i: [] for i in statuses}}
-        while sum(1 for got in frames.values() if got and set(got[-1]) & set(TERMINAL)) < len(frames):
-            frame = json.loads(ws.recv(timeout=120))
-            frames[frame["id"]].append(frame)
-        sender.join(60)
-    print(f"{unread} bytes of the client's frames sat unread in the daemon's socket")
-    reply = [f["chunk"] for f in frames["slow"] if "chunk" in f]
-    assert frames["slow"][-1] == {"id": "slow", "end": True} and len(reply) == len(frames["slow"]) - 1
-    assert reply[-1]["final"]["usage"]["completionTokens"] == sum(len(c.get("tokenIds", [])) for c in reply) == 200
-    answered = [i for i in statuses if "result" in frames[i][0]]
-    refused = [i for i in statuses if "error" in frames[i][0]]
-    assert all(len(frames[i]) == 1 for i in statuses) and len(answered) + len(refused) == len(statuses)
-    assert {frames[i][0]["error"]["code"] for i in refused} <= {"RESOURCE_EXHAUSTED"} and refused, "the call limit was never reached"
+            assert unread >= 4096 and unread >= before, \
+                f"the bridge kept reading a client that read nothing ({sent[0]} frames sent; unread {before}, then {unread})"
+            held_at = sent[0]
+            reply, refusals = [], 0
+            while not (reply and "end" in reply[-1] and not sender.is_alive() and refusals == sent[0]):
+                frame = json.loads(ws.recv(timeout=60))
+                if frame.get("id") is None:
+                    assert frame["error"]["code"] == "ALREADY_EXISTS" and frame["error"]["callId"] == call_id
+                    refusals += 1
+                else:
+                    reply.append(frame)
+                sender.join(0)
+    finally:
+        stop.set()
+        sock.close()  # on a failure too, or the daemon waits on this connection when it stops
+    print(f"{unread} bytes of the client's frames sat unread in the daemon's socket after {held_at} frames")
+    chunks = [f["chunk"] for f in reply if "chunk" in f]
+    assert reply[-1] == {"id": call_id, "end": True} and len(chunks) == len(reply) - 1
+    assert chunks[-1]["final"]["usage"]["completionTokens"] == sum(len(c.get("tokenIds", [])) for c in chunks) == 200
 
 
 def test_a_frame_over_the_size_limit_closes_only_that_connection(bridge_daemon: RunningDaemon) -> None:
