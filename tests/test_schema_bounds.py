@@ -95,7 +95,9 @@ def test_big_enums_schemas_and_nestings_are_refused_cheaply() -> None:
         started = time.perf_counter()
         with pytest.raises(InvalidArgument):
             grammar_for(text)
-        assert time.perf_counter() - started < 5.0, name  # refused by size, not by compiling (minutes)
+        # Refused by size, not by compiling (the 200,000-value enum compiled for minutes); generous
+        # for slow and shared machines, where the parse of a 1.6 MB schema alone may take a second.
+        assert time.perf_counter() - started < 30.0, name
     assert grammar_for(json.dumps({"enum": [f"v{i}" for i in range(MAX_ENUM_VALUES)]}))
 
 
