@@ -88,6 +88,16 @@ def request_text_bytes(r: pb.GenerateRequest) -> dict[str, int]:
             "context": len(r.context.encode("utf-8")), "tools": tools}
 
 
+def check_message_count(n: int, max_prompt_tokens: int) -> None:
+    """Refuse more messages than `max_prompt_tokens` can hold, each costing at least its template
+    tokens even when empty. 0 tokens means no local limit (remote mode)."""
+    if max_prompt_tokens > 0 and n * MIN_TOKENS_PER_MESSAGE > max_prompt_tokens:
+        raise InvalidArgument(
+            f"messages: {n} messages cannot fit in {max_prompt_tokens} prompt tokens (--max-prompt-tokens): "
+            f"each takes at least {MIN_TOKENS_PER_MESSAGE} tokens of the chat template"
+        )
+
+
 def check_request_size(r: pb.GenerateRequest, max_prompt_tokens: int) -> None:
     """One rule for the whole request, before anything renders or tokenizes it: what the model
     would read must fit `max_prompt_tokens` by its bytes (request_checks.check_prompt_size), and
@@ -96,12 +106,7 @@ def check_request_size(r: pb.GenerateRequest, max_prompt_tokens: int) -> None:
     if max_prompt_tokens <= 0:
         return
     if r.WhichOneof("input") == "messages":
-        n = len(r.messages.messages)
-        if n * MIN_TOKENS_PER_MESSAGE > max_prompt_tokens:
-            raise InvalidArgument(
-                f"messages: {n} messages cannot fit in {max_prompt_tokens} prompt tokens (--max-prompt-tokens): "
-                f"each takes at least {MIN_TOKENS_PER_MESSAGE} tokens of the chat template"
-            )
+        check_message_count(len(r.messages.messages), max_prompt_tokens)
     sizes = request_text_bytes(r)
     check_prompt_size(sum(sizes.values()), max_prompt_tokens, what=" + ".join(f"{k} {v}" for k, v in sizes.items() if v))
 

@@ -257,16 +257,16 @@ class OpenAIApi:
         """The rule of convert.check_request_size for the message count, before the body is
         validated: validating and translating 25,000 messages held the event loop (and every
         other stream) for over a second. A plain parse of the JSON is a few milliseconds."""
-        if len(raw) < MESSAGE_COUNT_CHECK_BYTES:
+        # Bodies past the JSON limit carry an image, whose base64 a second parse would only repeat;
+        # their messages are counted after validation, by convert, as every request's are.
+        if not MESSAGE_COUNT_CHECK_BYTES <= len(raw) <= MAX_TEXT_BODY_BYTES:
             return
         try:
             messages = json.loads(raw).get("messages")
         except (ValueError, RecursionError, AttributeError):
             return  # the validation below says what is wrong
-        limit = self.core.max_prompt_tokens() // convert.MIN_TOKENS_PER_MESSAGE
-        if isinstance(messages, list) and limit and len(messages) > limit:
-            raise InvalidArgument(f"messages: {len(messages)} messages cannot fit in {self.core.max_prompt_tokens()} "
-                                  f"prompt tokens (--max-prompt-tokens); at most {limit}")
+        if isinstance(messages, list):
+            convert.check_message_count(len(messages), self.core.max_prompt_tokens())
 
     @staticmethod
     def _check_text_size(raw: bytes, body: ChatCompletionRequest) -> None:

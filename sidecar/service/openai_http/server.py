@@ -13,6 +13,7 @@ import json
 import logging
 import socket
 
+import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
@@ -65,8 +66,6 @@ class _HeaderTimedH11(H11Protocol):
 
     def send_400_response(self, msg: str) -> None:
         """A request the HTTP parser cannot read gets an OpenAI error object too, not plain text."""
-        import h11
-
         body = json.dumps({"error": {"message": f"malformed HTTP request: {msg}", "type": "invalid_request_error",
                                      "param": None, "code": "bad_request"}}).encode()
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
