@@ -1,44 +1,15 @@
-"""`xlm-sidecar serve`: listen, load the model, serve until told to stop.
+"""`xlm-sidecar serve`: the daemon's lifecycle around one of its two backends.
 
-The transports are bound first (health NOT_SERVING, phase STARTING then LOADING), so a launcher
-can poll from the first second and a taken port fails before any loading; generation calls are
-refused with a retry hint until the model is loaded (phase READY, health SERVING, a `ready` log
-line). Without a machine profile the plan comes from built-in defaults, and the profile is
-measured in the background while the engine is idle (sidecar.profiler.background).
+A local model (sidecar.local_serve: the llama.cpp engine) or a remote inference server
+(sidecar.remote.serve). Each is imported only when chosen: remote mode never loads llama.cpp.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
-import os
-import threading
-import time
-from dataclasses import replace
 
-import structlog
-
-from sidecar import __version__
-from sidecar.engine import Engine
-from sidecar.default_model import default_model_path
-from sidecar.engine.native_model import check_gguf_file
-from sidecar.executor import (
-    describe_placement,
-    engine_config,
-    gpu_free_bytes,
-    load_plan_inputs,
-    load_projector,
-    register_devices,
-)
 from sidecar.lifecycle.daemon_lifecycle import DaemonLifecycle
-from sidecar.profile_refresh import ProfileRefresh, profile_view
-from sidecar.service.budget_control import BudgetControl
-from sidecar.service.core import ServiceInfo, SidecarService
-from sidecar.service.openai_http import start_http
-from sidecar.service.transports import start_transports
 from sidecar.settings import Settings
-
-log = structlog.get_logger("daemon")
 
 
 async def serve(settings: Settings, ready: asyncio.Event | None = None) -> None:
@@ -51,146 +22,11 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> None:
     # Entered first: a launcher that stops us the moment we say "listening" gets a clean exit, and a
     # second daemon on the same port or socket fails before spending time on loading the model.
     async with DaemonLifecycle(settings) as lifecycle:
-        await _serve(settings, lifecycle, ready)
+        if settings.remote_url:
+            from sidecar.remote.serve import serve_remote
 
+            await serve_remote(settings, lifecycle, ready)
+        else:
+            from sidecar.local_serve import serve_local
 
-async def _serve(settings: Settings, lifecycle: DaemonLifecycle, ready: asyncio.Event | None) -> None:
-    if settings.remote_url:
-        from sidecar.remote.serve import serve_remote
-
-        await serve_remote(settings, lifecycle, ready)
-        return
-    budget = settings.budget_value
-    check_gguf_file(settings.model or default_model_path())  # a wrong path fails before listening
-    info = ServiceInfo(
-        __version__, (), settings.max_message_bytes, settings.stream_interval_ms / 1000.0, settings.max_image_bytes
-    )
-    service = SidecarService(None, budget, info)
-    transports = await start_transports(service, settings, lifecycle.authenticator, serving=False)
-    await start_http(transports, service, settings, lifecycle.authenticator)
-    service.info = replace(info, listen_addresses=transports.addresses)
-    lifecycle.listening(transports.port)
-    log.info("listening", **transports.log_fields(), **lifecycle.log_fields(), phase="starting")
-    engine: Engine | None = None
-    refresh: ProfileRefresh | None = None
-    try:
-        loading = asyncio.ensure_future(_load(settings, budget, service))
-        stopped = asyncio.ensure_future(lifecycle.stop.wait())
-        await asyncio.wait([loading, stopped], return_when=asyncio.FIRST_COMPLETED)
-        if not loading.done():
-            # Stopped while loading (the game quit, or a signal): the load cannot be interrupted, so
-            # it is left to finish in its thread and the process exits without it.
-            loading.add_done_callback(_drop_result)
-            log.info("stopping", grace_s=0, reason=lifecycle.stop_reason, phase=service.state.current.phase)
-            return
-        stopped.cancel()
-        engine, config, inputs, projector = loading.result()
-        service.attach_engine(engine)
-        inputs_holder = [inputs]  # the background profile swaps in better inputs (ProfileRefresh)
-        service.budget_control = BudgetControl(
-            engine, budget,
-            lambda b, micro_batch=None: engine_config(settings, b, inputs_holder[0], projector,
-                                                   kv_type=engine.config.kv_type, micro_batch=micro_batch),
-            service.state, lambda: gpu_free_bytes(engine.config.device),
-        )
-        await service.budget_control.fit_to_measured()
-        await transports.set_serving()
-        view = profile_view(inputs)
-        service.state.publish(phase="ready", reason="ready", profile=view)
-        log.info(
-            "ready",
-            model=engine.facts.name,
-            ctx=config.n_ctx,
-            parallel=config.n_seq,
-            tier_threads=dict(engine.config.tier_threads),
-            placement=describe_placement(engine.config),
-            vision=_describe_vision(engine.config),
-            planned=inputs is not None,
-            profile=view.state,
-        )
-        if ready is not None:
-            ready.set()
-        refresh = ProfileRefresh.start_if_needed(settings, inputs, engine, service, inputs_holder)
-        await lifecycle.stop.wait()
-        log.info("stopping", grace_s=lifecycle.grace_s, reason=lifecycle.stop_reason)
-    finally:
-        if refresh is not None:
-            refresh.signal_stop()  # at once: a probe must not hold cores during the grace period
-        service.begin_drain()
-        await transports.stop(lifecycle.grace_s if engine is not None else 0, lifecycle.hurry)
-        if refresh is not None:
-            await refresh.stop()
-        if engine is not None:
-            await asyncio.to_thread(engine.close)
-        log.info("stopped")
-
-
-async def _load(settings: Settings, budget, service: SidecarService):
-    """Headers, plan and model: (engine, config, plan inputs, projector). Runs in a daemon thread,
-    so a stop during a long load does not wait for it."""
-    loop = asyncio.get_running_loop()
-
-    def work():
-        _hold_for_tests()
-        register_devices(settings)  # --rpc servers: before anything lists devices
-        # A mismatched pair fails before the model is loaded.
-        projector, text_model = load_projector(settings)
-        inputs = load_plan_inputs(settings, text_model)
-        config = engine_config(settings, budget, inputs, projector)
-        loop.call_soon_threadsafe(functools.partial(service.state.publish, phase="loading", reason="loading"))
-        log.info("loading model", path=str(config.model_path), budget=budget.describe())
-        return Engine(config), config, inputs, projector
-
-    return await _in_daemon_thread(work)
-
-
-# Test hook: the load waits until this file exists, so tests can watch the phases before READY.
-HOLD_ENV = "XLM_SIDECAR_TEST_HOLD_LOAD"
-
-
-def _hold_for_tests() -> None:
-    hold = os.environ.get(HOLD_ENV)
-    deadline = time.monotonic() + 120
-    while hold and not os.path.exists(hold) and time.monotonic() < deadline:
-        time.sleep(0.05)
-
-
-async def _in_daemon_thread(work):
-    loop = asyncio.get_running_loop()
-    future = loop.create_future()
-
-    def run() -> None:
-        try:
-            outcome = (work(), None)
-        except BaseException as e:  # handed to the awaiting coroutine
-            outcome = (None, e)
-        try:
-            loop.call_soon_threadsafe(_settle, future, *outcome)
-        except RuntimeError:  # the loop is closed: the daemon stopped during the load
-            pass
-
-    threading.Thread(target=run, name="xlm-load", daemon=True).start()
-    return await future
-
-
-def _settle(future: asyncio.Future, result, error: BaseException | None) -> None:
-    if future.done():
-        if error is None and result is not None:
-            result[0].close()  # loaded after the daemon was told to stop
-        return
-    if error is not None:
-        future.set_exception(error)
-    else:
-        future.set_result(result)
-
-
-def _drop_result(task: asyncio.Future) -> None:
-    if not task.cancelled() and task.exception() is None:
-        task.result()[0].close()
-
-
-def _describe_vision(config) -> str:
-    v = config.vision
-    if v is None:
-        return "off"
-    return f"{v.projector_path.name}: {v.placement}, flash attention {'on' if v.flash_attention else 'off'}"
+            await serve_local(settings, lifecycle, ready)

@@ -1,5 +1,5 @@
 """Typed errors. Code inside the daemon raises these; only the transport edge turns them into
-status codes (see sidecar.service.status_codes), so no one ever parses an error's text."""
+status codes (see sidecar.service.refusals), so no one ever parses an error's text."""
 
 from __future__ import annotations
 

@@ -91,6 +91,6 @@ class ProfileRefresh:
         change = await control.replan("profile")
         self._view = view
         self._service.state.publish(profile=view, reason="profile")
-        engine = self._service.engine
+        engine = self._service.backend
         log.info("re-planned with the measured profile", profile=state, reloaded=change.reloaded,
                  pause_ms=round(change.pause_ms, 1), tier_threads=dict(engine.config.tier_threads))

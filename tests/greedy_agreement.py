@@ -110,7 +110,7 @@ def chat_prompt_tokens(model_path: Path, messages: tuple[tuple[str, str], ...]) 
     """The token ids a one-off chat request becomes in the daemon: its own template rendering
     and tokenizer (sidecar.engine.prompt_build) on the model file, no context, no tools."""
     from sidecar.engine import GenerationSpec, Prompt
-    from sidecar.engine.native_model import NativeModel
+    from sidecar.native.model import NativeModel
     from sidecar.engine.prompt_build import build_prompt
 
     model = NativeModel(model_path)

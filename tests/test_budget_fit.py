@@ -12,7 +12,7 @@ from pathlib import Path
 
 from sidecar.budget import Budget
 from sidecar.engine import EngineConfig
-from sidecar.engine.load_report import LoadReport
+from sidecar.backend.load_report import LoadReport
 from sidecar.service.budget_control import MAX_CORRECTIONS, MEASURED_MARGIN_BYTES, BudgetControl, corrected_budget
 from sidecar.service.state import DaemonState, StateHub
 

@@ -18,8 +18,8 @@ from types import SimpleNamespace
 
 from sidecar.budget import Budget
 from sidecar.engine import EngineConfig
-from sidecar.engine.load_report import LoadReport
-from sidecar.engine.reload import same_placement
+from sidecar.backend.load_report import LoadReport
+from sidecar.backend.engine_config import same_placement
 from sidecar.service.budget_control import BudgetControl
 from sidecar.service.state import DaemonState, StateHub
 

@@ -7,7 +7,7 @@ import threading
 import time
 
 from sidecar.engine import TextDelta
-from sidecar.engine.requests import Finished, FinishReason, Timings, Usage
+from sidecar.backend.requests import Finished, FinishReason, Timings, Usage
 from sidecar.service.collector import StreamCollector
 
 FINISHED = Finished(FinishReason.STOP, Usage(1, 0, 1), Timings(0, 0, 0, 0, 0), "")

@@ -1,8 +1,8 @@
 """Reading llama.cpp's load log back into a placement report."""
 
-from sidecar.engine.load_report import parse_load_log
-from sidecar.engine.native_context import NativeContext
-from sidecar.engine.native_model import NativeModel
+from sidecar.backend.load_report import parse_load_log
+from sidecar.native.context import NativeContext
+from sidecar.native.model import NativeModel
 
 MIB = 1024 * 1024
 

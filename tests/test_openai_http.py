@@ -321,6 +321,32 @@ def test_a_streamed_tool_call_comes_as_deltas_and_a_tool_result_continues(client
     assert (message.content is not None) != bool(message.tool_calls)  # words or a call, held to the grammar
 
 
+def test_changed_tools_are_told_again_without_restarting_the_session(client: openai.OpenAI, model: str) -> None:
+    """Issue 29 (8): tool_choice required -> auto, then tools [attack] -> [attack, flee]. The tools
+    go as the prompt's tool instructions, not inside the client's system message, so the resent
+    conversation still matches what the session holds; changed tools are told in a system message
+    of their own. Before, these turns found 64 of 267 and 160 of 250 prompt tokens cached."""
+    conversation = [{"role": "system", "content": "You are a town guard."}, {"role": "user", "content": "A thief runs past you!"}]
+    session = {"X-Session-Id": "guard-tools"}
+    held = 0
+    for turn, (tools, choice) in enumerate([(TOOLS[:1], "required"), (TOOLS[:1], "auto"), (TOOLS, "auto")]):
+        reply = client.chat.completions.create(model=model, messages=conversation, tools=tools, tool_choice=choice,
+                                               max_tokens=60, extra_headers=session, **GREEDY)
+        usage = reply.usage
+        if turn:
+            # All the session held but a last token sampled at max_tokens, which is never decoded.
+            assert usage.prompt_tokens_details.cached_tokens >= held - 1, (turn, usage, held)
+        held = usage.prompt_tokens + usage.completion_tokens
+        message = reply.choices[0].message
+        if message.tool_calls:
+            [call] = message.tool_calls
+            conversation += [{"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+                             {"role": "tool", "tool_call_id": call.id, "content": "Done."}]
+        else:  # words, under "auto"
+            conversation += [{"role": "assistant", "content": message.content}, {"role": "user", "content": "And now?"}]
+    client.delete(f"/sessions/{session['X-Session-Id']}", cast_to=httpx.Response)
+
+
 def test_an_npc_s_tool_turns_in_a_session_come_from_the_cache(client: openai.OpenAI, model: str) -> None:
     """Three tool turns of one NPC, the whole conversation resent each time as OpenAI clients do.
     Each turn computes only the tool's result and its template: the session continues (the call

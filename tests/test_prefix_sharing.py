@@ -14,7 +14,7 @@ from sidecar.client import Reply
 from sidecar.engine import Engine, EngineConfig, Finished, GenerationSpec, Prompt, SamplingConfig, TextDelta
 from sidecar.engine.prefix_cache import PrefixCache
 from sidecar.engine.prefix_sharing import BLOCK, exact_shared, share_cut, shared_blocks
-from sidecar.engine.prompt_layout import context_tokens, with_context
+from sidecar.backend.prompt_layout import context_tokens, with_context
 
 GREEDY = SamplingConfig(temperature=0.0, repeat_penalty=1.0)
 PLACES = ["mill", "bridge", "chapel", "market", "forge", "inn", "well", "tower", "gate", "harbour", "orchard", "granary"]
@@ -123,7 +123,7 @@ def test_prefixes_are_cut_at_the_shared_context_else_at_whole_shared_blocks() ->
 
 def test_the_context_opens_the_system_message_of_a_conversations_first_turn_only() -> None:
     from sidecar.engine.prompt_build import build_prompt
-    from sidecar.engine.sessions import Session
+    from sidecar.backend.sessions import Session
 
     class TextModel:
         """Renders "role:content|..." and tokenizes one token per character, so the prompt's
@@ -255,7 +255,7 @@ def test_the_shared_context_over_grpc_is_computed_once_and_reported_in_status(cl
 
 
 def test_text_holding_the_image_marker_is_refused_and_the_engine_goes_on(engine: Engine) -> None:
-    from sidecar.engine.requests import IMAGE_MARKER
+    from sidecar.backend.requests import IMAGE_MARKER
     from sidecar.errors import InvalidArgument
 
     ask(engine, npc_turn(NPCS[2][1], NPCS[2][2], max_tokens=2))  # an idle sequence holds leftovers now

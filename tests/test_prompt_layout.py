@@ -1,9 +1,9 @@
-"""The layout of a turn's messages (sidecar.engine.prompt_layout.new_turn): pure, no model."""
+"""The layout of a turn's messages (sidecar.backend.prompt_layout.new_turn): pure, no model."""
 
 from __future__ import annotations
 
-from sidecar.engine.prompt_layout import new_turn
-from sidecar.engine.requests import Prompt
+from sidecar.backend.prompt_layout import new_turn
+from sidecar.backend.requests import Prompt
 
 TOOLS = "You can call these functions: attack, flee."
 

@@ -26,8 +26,8 @@ import pytest
 from conftest import RunningDaemon, start_daemon, stop_daemon
 from sidecar.api import pb
 from sidecar.client import Reply
-from sidecar.engine.requests import Finished, FinishReason, GenerationSpec, Prompt, TextDelta
-from sidecar.engine.sampling import SamplingConfig
+from sidecar.backend.requests import Finished, FinishReason, GenerationSpec, Prompt, TextDelta
+from sidecar.backend.sampling import SamplingConfig
 from sidecar.errors import FailedPrecondition, InvalidArgument, ResourceExhausted, Unavailable
 from sidecar.remote import wire
 from sidecar.remote.backend import RemoteBackend, RemoteOptions

@@ -57,7 +57,7 @@ def test_the_bound_itself_compiles_and_llama_cpp_parses_it_on_a_thread(smollm2_p
     far below what works, and the crash is more than ten times further."""
     import llama_cpp
 
-    from sidecar.engine.native_model import NativeModel
+    from sidecar.native.model import NativeModel
 
     grammars = [grammar_for(json.dumps(s)) for s in (
         {"type": "string", "maxLength": MAX_REPETITION},

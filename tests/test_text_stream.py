@@ -1,4 +1,4 @@
-from sidecar.engine.text_stream import TextStream
+from sidecar.backend.text_stream import TextStream
 
 
 def feed(stream: TextStream, pieces: list[bytes]) -> list[str]:

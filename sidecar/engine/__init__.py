@@ -1,9 +1,10 @@
 """The engine: runs generation requests on a llama.cpp context and streams events back."""
 
-from sidecar.engine.config import EngineConfig
-from sidecar.engine.engine import Engine, EngineSnapshot
-from sidecar.engine.phase import EnginePhase
-from sidecar.engine.requests import (
+from sidecar.backend.engine_config import EngineConfig
+from sidecar.backend.contract import BackendSnapshot
+from sidecar.engine.engine import Engine
+from sidecar.backend.phase import EnginePhase
+from sidecar.backend.requests import (
     Event,
     Finished,
     FinishReason,
@@ -14,13 +15,14 @@ from sidecar.engine.requests import (
     Timings,
     Usage,
 )
-from sidecar.engine.sampling import SamplingConfig, json_schema_grammar
+from sidecar.backend.sampling import SamplingConfig
+from sidecar.native.grammar import json_schema_grammar
 
 __all__ = [
     "Engine",
     "EngineConfig",
     "EnginePhase",
-    "EngineSnapshot",
+    "BackendSnapshot",
     "Event",
     "Finished",
     "FinishReason",

@@ -3,7 +3,7 @@ down, instead of recomputing everything after the persona (seconds for a long hi
 
 from __future__ import annotations
 
-from sidecar.engine.native_context import NativeContext
+from sidecar.native.context import NativeContext
 from sidecar.engine.prompt_build import BuiltPrompt
 from sidecar.engine.slot import Slot
 

@@ -25,37 +25,38 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import Future
-from dataclasses import dataclass
 
 import llama_cpp
 import structlog
 
 from sidecar.engine import reply_tokens
-from sidecar.engine.config import EngineConfig
-from sidecar.engine.load_report import LoadReport, parse_load_log
-from sidecar.engine.native_context import NativeContext
-from sidecar.engine.native_log import install_native_log_filter
-from sidecar.engine.native_model import ModelFacts, NativeModel
-from sidecar.engine.phase import EnginePhase
+from sidecar.backend.engine_config import EngineConfig
+from sidecar.backend.load_report import parse_load_log
+from sidecar.native.context import NativeContext
+from sidecar.native.log_capture import install_native_log_filter
+from sidecar.backend.contract import BackendSnapshot, RequestLimits
+from sidecar.backend.resent_turns import remember_sent, resolve
+from sidecar.native.model import NativeModel
+from sidecar.backend.phase import EnginePhase
 from sidecar.engine.context_shift import shift_out_dropped
 from sidecar.engine.image_encodes import ImageEncodes
 from sidecar.engine.image_prompt import image_report, whole_images_prefix
-from sidecar.engine.prefix_cache import PrefixCache, PrefixCacheStats
+from sidecar.engine.prefix_cache import PrefixCache
 from sidecar.engine.prefix_sharing import PrefixSharing, shareable_tokens
 from sidecar.engine.prompt_build import BuiltPrompt, build_prompt
 from sidecar.engine.finish_report import cancelled_before_start, finished
 from sidecar.engine.packing import packing_moves, swap
 from sidecar.engine.reload import Reloading, ReloadRequest
-from sidecar.engine.requests import FinishReason, GenerationSpec, Job, Sink, TextDelta
-from sidecar.engine.sampling import SamplerChain
-from sidecar.engine.sessions import Session, SessionStore, SessionView
-from sidecar.engine.prompt_layout import context_tokens
+from sidecar.backend.requests import NO_VISION_MODEL, FinishReason, GenerationSpec, Job, Sink, TextDelta
+from sidecar.engine.sampler_chain import SamplerChain
+from sidecar.backend.sessions import Session, SessionStore
+from sidecar.backend.prompt_layout import context_tokens
 from sidecar.engine.slot import ActiveRequest, Slot
 from sidecar.engine.slot_choice import choose_slot, common_prefix, evict
-from sidecar.engine.stats import ThroughputSnapshot, ThroughputStats
+from sidecar.backend.stats import ThroughputStats
 from sidecar.engine.step import SequenceDemand, plan_step, threads_for
 from sidecar.engine.thread_governor_hook import GovernedThreads
-from sidecar.engine.text_stream import TextStream
+from sidecar.backend.text_stream import TextStream
 from sidecar.errors import (
     EngineFailure,
     FailedPrecondition,
@@ -64,30 +65,11 @@ from sidecar.errors import (
     SidecarError,
     Unavailable,
 )
-from sidecar.vision.encoder import EncodedImage, EncoderStats, VisionEncoder
+from sidecar.vision.encoder import EncodedImage, VisionEncoder
 
 log = structlog.get_logger("engine")
 
 _WAKE = object()  # put into the inbox by the vision worker's reply thread: an image is ready
-
-
-@dataclass(frozen=True)
-class EngineSnapshot:
-    """A consistent-enough view of the engine for the status RPC."""
-
-    phase: EnginePhase
-    model: ModelFacts
-    config: EngineConfig
-    throughput: ThroughputSnapshot
-    sessions: list[SessionView]
-    requests_active: int
-    requests_queued: int
-    kv_tokens: int
-    kv_cache_bytes: int
-    last_reload_pause_ms: float
-    load_report: LoadReport
-    vision: EncoderStats | None = None
-    prefix_cache: PrefixCacheStats | None = None
 
 
 class Engine(Reloading):
@@ -169,9 +151,18 @@ class Engine(Reloading):
             raise ResourceExhausted(f"{self.config.max_queue} requests are already waiting; try again shortly")
         if spec.max_tokens > self.config.max_tokens_per_request:
             raise InvalidArgument(f"max_tokens {spec.max_tokens} is above the limit {self.config.max_tokens_per_request}")
-        job = Job(spec=spec, sink=sink)
+        job = Job(spec=spec, sink=sink, resent=spec if spec.resends_history else None)
         self._inbox.put(job)
         return job
+
+    @property
+    def limits(self) -> RequestLimits:
+        return RequestLimits(
+            max_prompt_tokens=self.config.max_prompt_tokens,
+            max_tokens_per_request=self.config.max_tokens_per_request,
+            vision=self.config.vision is not None,
+            compiles_grammar=True,
+        )
 
     def reload(self, config: EngineConfig, *, force: bool = False) -> Future:
         """Switch to a new configuration at the next step boundary, keeping every conversation.
@@ -192,9 +183,9 @@ class Engine(Reloading):
         Its KV cells are dropped when the engine next reuses its sequence."""
         return self.sessions.end(session_id).tokens
 
-    def snapshot(self) -> EngineSnapshot:
+    def snapshot(self) -> BackendSnapshot:
         kv_tokens = sum(len(s.cached) for s in self._slots)
-        return EngineSnapshot(
+        return BackendSnapshot(
             phase=self.phase,
             model=self.facts,
             config=self.config,
@@ -277,6 +268,7 @@ class Engine(Reloading):
     def _admit(self) -> None:
         """Bind waiting requests to free sequences, in arrival order; a request whose session is
         mid-turn elsewhere waits for that turn to end."""
+        self._resolve_resent_turns()
         self._plan_sharing()
         self._images.poll(self._waiting, max(t for _, t in self.config.tier_threads), self.config.threads_decode,
                           decoding=any(s.busy for s in self._slots))
@@ -286,6 +278,9 @@ class Engine(Reloading):
             job = self._waiting.popleft()
             if job.cancelled:
                 job.sink(cancelled_before_start(job))
+                continue
+            if job.spec.resends_history or not self._still_resolved(job):
+                still_waiting.append(job)  # its session is mid-turn: decided when that turn ends
                 continue
             if self._images.pending(job) or job.spec.session_id in encoding_sessions:
                 if job.spec.session_id:
@@ -310,6 +305,43 @@ class Engine(Reloading):
                 log.exception("request failed to start", request_id=job.spec.request_id)
                 job.sink(EngineFailure(f"internal error: {type(e).__name__}: {e}"))
         self._waiting = still_waiting
+
+    def _resolve_resent_turns(self) -> None:
+        """Decide what each resent turn keeps of its session (resent_turns.py), here on the engine
+        thread that owns the session, once no earlier turn of that session is running or waiting:
+        the decision then holds until the turn starts. Before its image is encoded, too: an image
+        the session already holds is not encoded again."""
+        mid_turn = {s.session_id for s in self._slots if s.busy and s.session_id}
+        for job in list(self._waiting):
+            sid = job.spec.session_id
+            if job.spec.resends_history and not job.cancelled and sid not in mid_turn:
+                session = self.sessions.get(sid) if sid else None
+                try:
+                    job.spec = resolve(job.resent, session)
+                except SidecarError as e:
+                    self._waiting.remove(job)
+                    job.sink(e)
+                    continue
+                job.resolved_against = (session, session.version if session is not None else 0)
+            if sid:
+                mid_turn.add(sid)  # later turns of this session wait for this one
+
+    def _still_resolved(self, job: Job) -> bool:
+        """A resent turn's decision still matches its session (EndSession may have replaced it
+        from another thread); if not, it is decided again. False when the new decision must wait
+        for its image to be encoded."""
+        if job.resent is None:
+            return True
+        session = self.sessions.get(job.spec.session_id) if job.spec.session_id else None
+        if job.resolved_against == (session, session.version if session is not None else 0):
+            return True
+        try:
+            job.spec = resolve(job.resent, session)
+        except SidecarError:
+            job.spec = job.resent  # refused at the next resolution, through the job's sink
+            return False
+        job.resolved_against = (session, session.version if session is not None else 0)
+        return not self._images.pending(job)
 
     def _one_off_prompt_tokens(self, job: Job) -> list[int] | None:
         """A one-off request's prompt tokens, kept on the job for _start; None if it cannot be
@@ -347,13 +379,14 @@ class Engine(Reloading):
 
     def _start(self, job: Job, slot: Slot) -> None:
         spec = job.spec
+        kept = job.resolved_against[0] if job.resolved_against is not None else None
+        if kept is not None and self.sessions.get(spec.session_id) is not kept:
+            # Ended (EndSession, another thread) since _admit checked: the history the decision
+            # kept is gone with it, and only the engine thread changes a session otherwise.
+            raise Unavailable("the session was ended while this turn started; send the turn again")
         session = self.sessions.open(spec.session_id) if spec.session_id else None
         if session is not None and spec.reset_session:
-            session.messages.clear()
-            session.text = ""
-            session.images = []
-            session.reply_tokens = {}
-            session.saved_state, session.saved_tokens = None, []
+            session.restart()
         new_image = self._encode_image(job, session)
         images = list(session.images if session is not None else []) + ([new_image] if new_image else [])
         if job.prompt_tokens is not None and session is None and not images:
@@ -403,7 +436,7 @@ class Engine(Reloading):
         if self._images.wants(job):
             return self._images.take(job)
         if self.encoder is None and self._images.settings is None:
-            raise FailedPrecondition("this daemon has no vision model; start it with --mmproj PROJECTOR.gguf")
+            raise FailedPrecondition(NO_VISION_MODEL)
         if spec.image is None:
             if session is None or not session.images:
                 raise InvalidArgument("no image: send one, or ask a follow-up in a session that has one")
@@ -561,6 +594,8 @@ class Engine(Reloading):
                 del a.session.images[: a.built.images_dropped]  # their turns were dropped
             if a.new_image is not None:
                 a.session.images.append(a.new_image)
+            remember_sent(a.session, a.job.resent, reply)
+            a.session.version += 1
             if a.job.spec.prompt.is_chat:
                 a.session.messages = a.conversation + [("assistant", reply)]
                 reply_tokens.remember(a.session.reply_tokens, reply, slot.cached[len(a.prompt_tokens):],

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from sidecar.engine.requests import Finished, FinishReason, Job, Timings, Usage
+from sidecar.backend.requests import Finished, FinishReason, Job, Timings, Usage
 from sidecar.engine.slot import ActiveRequest
 
 

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from sidecar.engine.requests import Job
+from sidecar.backend.requests import Job
 from sidecar.errors import SidecarError
 from sidecar.vision.encode_worker import EncodeRequest
 from sidecar.vision.encoder import EncodedImage, EncoderStats

@@ -7,7 +7,7 @@ an image is already there. Prompts are tokenized, images in place, by chat_segme
 
 from __future__ import annotations
 
-from sidecar.engine.requests import ImageReport
+from sidecar.backend.requests import ImageReport
 from sidecar.vision.encoder import EncodedImage
 
 

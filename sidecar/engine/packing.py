@@ -9,8 +9,8 @@ where a gap costs every step.
 
 from __future__ import annotations
 
-from sidecar.engine.native_context import NativeContext
-from sidecar.engine.sessions import SessionStore
+from sidecar.native.context import NativeContext
+from sidecar.backend.sessions import SessionStore
 from sidecar.engine.slot import Slot
 
 

@@ -21,10 +21,10 @@ from __future__ import annotations
 
 from typing import Callable
 
-from sidecar.engine.native_context import NativeContext
+from sidecar.native.context import NativeContext
 from sidecar.engine.prefix_cache import PrefixCache
-from sidecar.engine.requests import Job, Prompt
-from sidecar.engine.sessions import SessionStore
+from sidecar.backend.requests import Job, Prompt
+from sidecar.backend.sessions import SessionStore
 from sidecar.engine.slot import ActiveRequest, Slot
 from sidecar.errors import SidecarError
 
@@ -65,7 +65,7 @@ def shareable_tokens(job: Job, sessions: SessionStore, prompt_tokens: Callable[[
     """The prompt tokens of a request that may start from a shared prefix: a one-off, or a
     session's first turn (later turns start from the session's own cache); never images."""
     spec = job.spec
-    if spec.asks_about_image:
+    if spec.asks_about_image or spec.resends_history:  # a resent turn waits for its session decision
         return None
     if spec.session_id and not spec.reset_session:
         session = sessions.get(spec.session_id)

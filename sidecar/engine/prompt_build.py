@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sidecar.engine.chat_segments import (
+from sidecar.backend.chat_segments import (
     message_costs,
     message_offsets,
     raw_segments,
@@ -22,9 +22,9 @@ from sidecar.engine.chat_segments import (
 )
 from sidecar.engine import reply_tokens
 from sidecar.engine.history_trim import NO_TRIM, Trim, plan_trim
-from sidecar.engine.prompt_layout import new_turn
-from sidecar.engine.requests import IMAGE_MARKER, GenerationSpec
-from sidecar.engine.sessions import Session
+from sidecar.backend.prompt_layout import new_turn
+from sidecar.backend.requests import IMAGE_MARKER, GenerationSpec
+from sidecar.backend.sessions import Session
 from sidecar.errors import InvalidArgument, ResourceExhausted
 
 # The reply's share of the context that history may not take: what the request asks for, but at

@@ -18,27 +18,18 @@ from dataclasses import dataclass
 
 import structlog
 
-from sidecar.engine.config import EngineConfig
-from sidecar.engine.load_report import parse_load_log
-from sidecar.engine.phase import EnginePhase
+from sidecar.backend.engine_config import EngineConfig, same_placement
+from sidecar.backend.load_report import parse_load_log
+from sidecar.backend.phase import EnginePhase
 from sidecar.errors import EngineFailure, SidecarError
 
 log = structlog.get_logger("engine")
-
-# Read per pass (threads) or only reported (the schedule's predictions): changing them needs no reload.
-_THREAD_FIELDS = {"threads_decode", "threads_prefill", "tier_threads", "schedule"}
-
 
 @dataclass
 class ReloadRequest:
     config: EngineConfig
     done: Future
     force: bool = False
-
-
-def same_placement(a: EngineConfig, b: EngineConfig) -> bool:
-    """True when two configurations differ at most in threads, which need no reload."""
-    return all(getattr(a, f) == getattr(b, f) for f in a.__dataclass_fields__ if f not in _THREAD_FIELDS)
 
 
 class Reloading:

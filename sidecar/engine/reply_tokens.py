@@ -15,7 +15,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Callable, Iterable
 
-from sidecar.engine.chat_segments import Tokenize
+from sidecar.backend.chat_segments import Tokenize
 
 # Replies remembered per session at most, newest kept. The history bounds them first (replies its
 # trimming dropped are forgotten); this bounds a session whose history holds many short replies.

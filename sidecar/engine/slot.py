@@ -5,10 +5,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from sidecar.engine.requests import Job
-from sidecar.engine.sampling import SamplerChain
-from sidecar.engine.sessions import Session
-from sidecar.engine.text_stream import TextStream
+from sidecar.backend.requests import Job
+from sidecar.engine.sampler_chain import SamplerChain
+from sidecar.backend.sessions import Session
+from sidecar.backend.text_stream import TextStream
 
 
 @dataclass

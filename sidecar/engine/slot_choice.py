@@ -11,9 +11,9 @@ from typing import Callable
 
 import structlog
 
-from sidecar.engine.native_context import NativeContext
-from sidecar.engine.requests import Job
-from sidecar.engine.sessions import SessionStore
+from sidecar.native.context import NativeContext
+from sidecar.backend.requests import Job
+from sidecar.backend.sessions import SessionStore
 from sidecar.engine.slot import Slot
 
 log = structlog.get_logger("engine")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sidecar.engine.native_context import BatchEntry
+from sidecar.native.context import BatchEntry
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,8 @@
 """Remote mode: the daemon keeps its API to the game and forwards generation to an inference server
 (vLLM, llama.cpp's server, anything speaking OpenAI's streaming chat and completion API).
 
-RemoteBackend offers what the service core uses of the local Engine (`submit`, `end_session`,
-`snapshot`, `config`, `facts`), so gRPC, the WebSocket bridge, auth and status are the same code in
+RemoteBackend implements the backend contract (sidecar.backend.contract) as the local Engine does,
+so gRPC, the WebSocket bridge, auth and status are the same code in
 both modes. Each request runs as a task on the daemon's event loop: an HTTP stream read chunk by
 chunk, never a thread blocked on a socket, and cancelling the task closes the connection, which
 stops the server's generation too.
@@ -16,21 +16,23 @@ from __future__ import annotations
 
 import asyncio
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import httpx
 import structlog
 
-from sidecar.engine.load_report import LoadReport
-from sidecar.engine.native_model import ModelFacts
-from sidecar.engine.phase import EnginePhase
-from sidecar.engine.requests import Finished, FinishReason, GenerationSpec, Job, Sink, TextDelta, Timings, Usage
-from sidecar.engine.sessions import Session, SessionStore
-from sidecar.engine.stats import ThroughputStats
-from sidecar.engine.prompt_layout import new_turn
-from sidecar.engine.text_stream import TextStream
-from sidecar.engine import EngineConfig, EngineSnapshot
+from sidecar.backend.load_report import LoadReport
+from sidecar.backend.contract import BackendSnapshot, ModelFacts, RequestLimits
+from sidecar.backend.engine_config import EngineConfig
+from sidecar.backend.phase import EnginePhase
+from sidecar.backend.requests import Finished, FinishReason, GenerationSpec, Job, Sink, TextDelta, Timings, Usage
+from sidecar.backend.sessions import Session, SessionStore
+from sidecar.backend.stats import ThroughputStats
+from sidecar.backend.prompt_layout import new_turn
+from sidecar.backend.resent_turns import remember_sent, resolve
+from sidecar.backend.text_stream import TextStream
 from sidecar.errors import FailedPrecondition, InvalidArgument, ResourceExhausted, SidecarError, Unavailable
 from sidecar.remote import wire
 from sidecar.remote.models import remote_model_facts, unknown_model_facts
@@ -157,10 +159,22 @@ class RemoteBackend:
         if spec.max_tokens > self.options.max_tokens_per_request:
             raise InvalidArgument(f"max_tokens {spec.max_tokens} is above the limit {self.options.max_tokens_per_request}")
         session = self.sessions.open(spec.session_id) if spec.session_id else None
-        job = RemoteJob(spec=spec, sink=sink, loop=self._loop)
+        job = RemoteJob(spec=spec, sink=sink, loop=self._loop, resent=spec if spec.resends_history else None)
         self._jobs.add(job)
         job.task = self._loop.create_task(self._run(job, session), name=f"remote-{spec.request_id or id(job)}")
         return job
+
+    @property
+    def limits(self) -> RequestLimits:
+        # The server's context decides what fits; it compiles schemas itself (see RequestLimits).
+        return RequestLimits(max_prompt_tokens=None, max_tokens_per_request=self.options.max_tokens_per_request,
+                             vision=False, compiles_grammar=False)
+
+    def reload(self, config: EngineConfig, *, force: bool = False) -> Future:
+        """Nothing is loaded here, so no schedule changes: (reloaded False, no pause)."""
+        done: Future = Future()
+        done.set_result((False, 0.0))
+        return done
 
     def end_session(self, session_id: str) -> int:
         """Forget a session's conversation; returns the tokens it held. NotFound if unknown."""
@@ -168,8 +182,8 @@ class RemoteBackend:
         self._turns.pop(session_id, None)
         return session.tokens
 
-    def snapshot(self) -> EngineSnapshot:
-        return EngineSnapshot(
+    def snapshot(self) -> BackendSnapshot:
+        return BackendSnapshot(
             phase=self.phase,
             model=self.facts,
             config=self.config,
@@ -225,22 +239,25 @@ class RemoteBackend:
     async def _forward(self, job: RemoteJob, session: Session | None, progress: _Progress) -> None:
         """Send the turn and stream the reply to the job's sink; on the way out (done, cancelled,
         failed before any reply) the session learns what was said, as with the local engine."""
-        spec = job.spec
         if job.cancelled:
             raise asyncio.CancelledError
+        # Decided here, holding the session's turn lock: no other turn of it can change it now.
+        spec = job.spec = resolve(job.spec, session)
         conversation, path, body = self._request(spec, session)
         try:
             await self._stream(job, path, body, progress)
         except asyncio.CancelledError:
-            self._remember(session, spec, conversation if spec.prompt.is_chat else body["prompt"], progress)
+            self._remember(session, job, conversation if spec.prompt.is_chat else body["prompt"], progress)
             raise
-        self._remember(session, spec, conversation if spec.prompt.is_chat else body["prompt"], progress)
+        self._remember(session, job, conversation if spec.prompt.is_chat else body["prompt"], progress)
 
-    def _remember(self, session: Session | None, spec: GenerationSpec, sent: list[tuple[str, str]] | str, p: _Progress) -> None:
+    def _remember(self, session: Session | None, job: RemoteJob, sent: list[tuple[str, str]] | str, p: _Progress) -> None:
         if session is None or self.sessions.get(session.session_id) is not session:
             return  # no session, or it was ended while this turn ran
         reply = "".join(p.reply)
-        if spec.prompt.is_chat:
+        remember_sent(session, job.resent, reply)
+        session.version += 1
+        if job.spec.prompt.is_chat:
             session.messages = list(sent) + [("assistant", reply)]
         else:
             session.text = str(sent) + reply
@@ -254,9 +271,7 @@ class RemoteBackend:
         """The whole conversation, the endpoint and the body to send (InvalidArgument when a session
         would switch between chat and raw prompts)."""
         if session is not None and spec.reset_session:
-            session.messages.clear()
-            session.text = ""
-            session.tokens = 0
+            session.restart()
         p = spec.prompt
         if session is not None and not session.is_empty and bool(session.messages) != p.is_chat:
             raise InvalidArgument("a session continues in the mode it started: chat messages or raw prompt")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sidecar.engine.native_model import ModelFacts
+from sidecar.backend.contract import ModelFacts
 
 # The architecture the status RPC reports in remote mode: the model is not ours to inspect.
 REMOTE_ARCHITECTURE = "remote"

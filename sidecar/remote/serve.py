@@ -54,7 +54,7 @@ async def serve_remote(settings: Settings, lifecycle: DaemonLifecycle, ready: as
     backend = await RemoteBackend.start(options)
     try:
         info = ServiceInfo(__version__, (), settings.max_message_bytes, settings.stream_interval_ms / 1000.0)
-        service = SidecarService(backend, budget, info)  # type: ignore[arg-type]  # offers what the core uses of Engine
+        service = SidecarService(backend, budget, info)
         service.budget_control = RemoteBudget(budget, service.state)  # type: ignore[assignment]
         transports = await start_transports(service, settings, lifecycle.authenticator)
         # The same OpenAI-compatible API as with a local model, so a plugin that speaks it works in

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from sidecar.engine.requests import FinishReason, GenerationSpec
+from sidecar.backend.requests import FinishReason, GenerationSpec
 from sidecar.errors import (
     FailedPrecondition,
     InvalidArgument,

@@ -17,8 +17,9 @@ from dataclasses import dataclass
 import structlog
 
 from sidecar.budget import Budget, parse_size
-from sidecar.engine import Engine, EngineConfig
-from sidecar.engine.reload import same_placement
+from sidecar.backend.contract import Backend
+from sidecar.backend.engine_config import EngineConfig
+from sidecar.backend.engine_config import same_placement
 from sidecar.errors import FailedPrecondition, InvalidArgument
 from sidecar.service.state import StateHub
 
@@ -68,7 +69,7 @@ class BudgetChange:
 class BudgetControl:
     """Owns the budget in force. Used from the daemon's event loop only."""
 
-    def __init__(self, engine: Engine, budget: Budget, plan: PlanFn, state: StateHub, gpu_free: GpuFreeFn) -> None:
+    def __init__(self, engine: Backend, budget: Budget, plan: PlanFn, state: StateHub, gpu_free: GpuFreeFn) -> None:
         self.engine = engine
         self.budget = budget
         self._plan = plan

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import threading
 
-from sidecar.engine import TextDelta
+from sidecar.backend.requests import TextDelta
 
 
 class StreamCollector:

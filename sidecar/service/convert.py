@@ -8,25 +8,27 @@ from dataclasses import replace
 
 from sidecar.api import pb
 from sidecar.budget import Budget
-from sidecar.engine import (
-    EngineConfig,
-    EngineSnapshot,
+from sidecar.backend.contract import BackendSnapshot, RequestLimits
+from sidecar.backend.engine_config import EngineConfig
+from sidecar.backend.load_report import is_vram
+from sidecar.backend.requests import (
+    DEFAULT_MAX_TOKENS,
+    IMAGE_MARKER,
     Finished,
     FinishReason,
     GenerationSpec,
     Prompt,
-    SamplingConfig,
-    json_schema_grammar,
+    refuse_image_marker,
 )
-from sidecar.engine.load_report import is_vram
-from sidecar.engine.requests import IMAGE_MARKER
+from sidecar.backend.sampling import SamplingConfig
 from sidecar.errors import InvalidArgument
+# Loads llama.cpp on first use only: remote mode never compiles a schema (RequestLimits).
+from sidecar.native.grammar import json_schema_grammar
 from sidecar.service.request_checks import check_prompt_size, check_session_id, normalized_schema
 from sidecar.service.schema_bounds import check_grammar
 from sidecar.service import tool_calls
 from sidecar.vision.image_input import decode_encoded, decode_raw
 
-DEFAULT_MAX_TOKENS = 256
 MAX_STOP_STRINGS = 16
 MAX_STOP_LENGTH = 256
 # The fewest tokens a chat template spends on one message, content aside (ChatML spends five:
@@ -71,7 +73,16 @@ def grammar_for(json_schema: str) -> str | None:
     if not json_schema:
         return None
     schema = normalized_schema(json_schema)
-    return check_grammar(json_schema_grammar(schema)) if schema is not None else None
+    if schema is None:
+        return None
+    return check_grammar(json_schema_grammar(schema))
+
+
+def _checked_schema(json_schema: str) -> None:
+    """The schema's bounds, for a backend that compiles schemas itself: no grammar here."""
+    if json_schema:
+        normalized_schema(json_schema)
+    return None
 
 
 def request_text_bytes(r: pb.GenerateRequest) -> dict[str, int]:
@@ -88,22 +99,22 @@ def request_text_bytes(r: pb.GenerateRequest) -> dict[str, int]:
             "context": len(r.context.encode("utf-8")), "tools": tools}
 
 
-def check_message_count(n: int, max_prompt_tokens: int) -> None:
+def check_message_count(n: int, max_prompt_tokens: int | None) -> None:
     """Refuse more messages than `max_prompt_tokens` can hold, each costing at least its template
-    tokens even when empty. 0 tokens means no local limit (remote mode)."""
-    if max_prompt_tokens > 0 and n * MIN_TOKENS_PER_MESSAGE > max_prompt_tokens:
+    tokens even when empty. None means no local limit (remote mode)."""
+    if max_prompt_tokens and n * MIN_TOKENS_PER_MESSAGE > max_prompt_tokens:
         raise InvalidArgument(
             f"messages: {n} messages cannot fit in {max_prompt_tokens} prompt tokens (--max-prompt-tokens): "
             f"each takes at least {MIN_TOKENS_PER_MESSAGE} tokens of the chat template"
         )
 
 
-def check_request_size(r: pb.GenerateRequest, max_prompt_tokens: int) -> None:
+def check_request_size(r: pb.GenerateRequest, max_prompt_tokens: int | None) -> None:
     """One rule for the whole request, before anything renders or tokenizes it: what the model
     would read must fit `max_prompt_tokens` by its bytes (request_checks.check_prompt_size), and
     by its messages, each of which costs template tokens even when empty (300,000 empty messages
     once stalled every stream for a minute while they were rendered)."""
-    if max_prompt_tokens <= 0:
+    if not max_prompt_tokens:
         return
     if r.WhichOneof("input") == "messages":
         check_message_count(len(r.messages.messages), max_prompt_tokens)
@@ -120,9 +131,25 @@ def stop_strings(stop) -> tuple[str, ...]:
     return stops
 
 
-def generation_spec_from_pb(r: pb.GenerateRequest, max_prompt_tokens: int = 0) -> GenerationSpec:
+def turn_spec(r: pb.GenerateRequest, limits: RequestLimits, image: bytes | None = None, max_image_bytes: int = 0,
+              resends_history: bool = False) -> GenerationSpec:
+    """Every transport's generation request, as the backend takes it: the fields checked by
+    generation_spec_from_pb, then the turn's image (PNG or JPEG, checked before any native code
+    sees it), which goes with the conversation's last image marker."""
+    spec = generation_spec_from_pb(r, limits.max_prompt_tokens, compile_grammar=limits.compiles_grammar)
+    if resends_history:
+        spec = replace(spec, resends_history=True)
+    if image is not None:
+        # A resent turn's image is asked about only if its message is new (resent_turns.py).
+        spec = replace(spec, image=decode_encoded(image, max_image_bytes), asks_about_image=not resends_history)
+    return spec
+
+
+def generation_spec_from_pb(r: pb.GenerateRequest, max_prompt_tokens: int | None = None, *,
+                            compile_grammar: bool = True) -> GenerationSpec:
     """A validated GenerationSpec, or InvalidArgument naming the field that is wrong. A prompt too
-    long for `max_prompt_tokens` by its bytes alone is refused here, untokenized."""
+    long for `max_prompt_tokens` (None: no local limit) by its bytes alone is refused here,
+    untokenized. Without `compile_grammar` a JSON schema is checked but not compiled."""
     check_request_size(r, max_prompt_tokens)
     check_session_id(r.session_id)
     which = r.WhichOneof("input")
@@ -145,7 +172,7 @@ def generation_spec_from_pb(r: pb.GenerateRequest, max_prompt_tokens: int = 0) -
         sampling=sampling_from_pb(r.sampling),
         max_tokens=r.max_tokens or DEFAULT_MAX_TOKENS,
         stop=stops,
-        grammar=grammar_for(json_schema),
+        grammar=grammar_for(json_schema) if compile_grammar else _checked_schema(json_schema),
         json_schema=json_schema,
         session_id=r.session_id,
         reset_session=r.reset_session,
@@ -167,8 +194,7 @@ def image_spec_from_pb(r: pb.AskImageRequest, max_image_bytes: int) -> Generatio
         raise InvalidArgument("question is empty")
     if len(question) > MAX_QUESTION_CHARS:
         raise InvalidArgument(f"question is longer than {MAX_QUESTION_CHARS} characters")
-    if IMAGE_MARKER in question:
-        raise InvalidArgument(f"question may not contain {IMAGE_MARKER!r}")
+    refuse_image_marker(question, "question")
     which = r.image.WhichOneof("source") if r.HasField("image") else None
     if which == "encoded":
         image = decode_encoded(r.image.encoded, max_image_bytes)
@@ -262,7 +288,7 @@ def device_memory_to_pb(report) -> list[pb.DeviceMemory]:
 
 
 def status_to_pb(
-    snap: EngineSnapshot,
+    snap: BackendSnapshot,
     *,
     budget: Budget,
     version: str,
@@ -335,7 +361,7 @@ def status_to_pb(
     )
 
 
-def prefix_cache_to_pb(snap: EngineSnapshot) -> pb.PrefixCacheStatus:
+def prefix_cache_to_pb(snap: BackendSnapshot) -> pb.PrefixCacheStatus:
     p = snap.prefix_cache
     if p is None:  # the remote backend keeps no KV
         return pb.PrefixCacheStatus()
@@ -345,7 +371,7 @@ def prefix_cache_to_pb(snap: EngineSnapshot) -> pb.PrefixCacheStatus:
     )
 
 
-def vision_status_to_pb(snap: EngineSnapshot) -> pb.VisionStatus:
+def vision_status_to_pb(snap: BackendSnapshot) -> pb.VisionStatus:
     v = snap.config.vision
     if v is None:
         return pb.VisionStatus(available=False)

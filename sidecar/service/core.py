@@ -16,7 +16,8 @@ import structlog
 
 from sidecar.api import pb
 from sidecar.budget import Budget, parse_size
-from sidecar.engine import Engine, Finished, GenerationSpec, TextDelta
+from sidecar.backend.contract import Backend, RequestLimits
+from sidecar.backend.requests import NO_VISION_MODEL, Finished, GenerationSpec, TextDelta
 from sidecar.errors import FailedPrecondition, ResourceExhausted, SidecarError, Unavailable, Unimplemented
 from sidecar.service import convert, tool_calls
 from sidecar.service.budget_control import BudgetControl, check_thread_cap
@@ -41,37 +42,46 @@ class ServiceInfo:
 class SidecarService:
     """One per daemon. Must be created and used on the daemon's event loop."""
 
-    def __init__(self, engine: Engine | None, budget: Budget, info: ServiceInfo) -> None:
-        # None while the daemon listens but has not loaded its model: see attach_engine.
-        self.engine = engine
+    def __init__(self, backend: Backend | None, budget: Budget, info: ServiceInfo) -> None:
+        # None while the daemon listens but has not loaded its model: see attach_backend.
+        self.backend = backend
         self.budget = budget
         self.info = info
         self.started = time.monotonic()
-        phase = "ready" if engine is not None else "starting"
+        phase = "ready" if backend is not None else "starting"
         self.state = StateHub(DaemonState(phase=phase, budget=budget, reason="initial"))
-        # Set by the daemon once the engine exists; None answers SetBudget with UNIMPLEMENTED.
+        # Set by the daemon once the backend exists; None answers SetBudget with UNIMPLEMENTED.
         self.budget_control: BudgetControl | None = None
         self.draining = False
         self._process = psutil.Process()
-        # Engine jobs of the streams in flight, so a shutdown can end each with a final chunk.
+        # Backend jobs of the streams in flight, so a shutdown can end each with a final chunk.
         self._jobs: dict[int, object] = {}  # id(job) -> job (jobs are not hashable)
         self._idle = asyncio.Event()
         self._idle.set()
 
-    def attach_engine(self, engine: Engine) -> None:
-        """The model is loaded: calls that need the engine are taken from now on."""
-        self.engine = engine
+    def attach_backend(self, backend: Backend) -> None:
+        """The model is loaded: calls that need the backend are taken from now on."""
+        self.backend = backend
 
-    def _ready_engine(self) -> Engine:
-        if self.engine is None:
+    def ready_backend(self) -> Backend:
+        """The backend; UNAVAILABLE with a retry hint (every transport passes it on) until loaded,
+        and while shutting down."""
+        self._refuse_while_draining()
+        if self.backend is None:
             raise not_ready(self.state.current.phase)
-        return self.engine
+        return self.backend
 
-    async def generate(self, request: pb.GenerateRequest) -> AsyncIterator[pb.GenerateChunk]:
-        """Stream a generation. Stopping iteration early (client gone) cancels the engine job."""
-        if self.draining:
-            raise Unavailable("the daemon is shutting down")
-        spec = await self.spec_for(request)
+    @property
+    def limits(self) -> RequestLimits:
+        return self.ready_backend().limits
+
+    async def generate(self, request: pb.GenerateRequest, *, image: bytes | None = None,
+                       resends_history: bool = False) -> AsyncIterator[pb.GenerateChunk]:
+        """Stream a generation: every transport's one way in. `image` is an encoded PNG or JPEG
+        for the conversation's last image (an OpenAI chat turn); `resends_history` says the
+        messages are the whole conversation, which the backend matches against its session.
+        Stopping iteration early (client gone) cancels the backend job."""
+        spec = await self.spec_for(request, image=image, resends_history=resends_history)
         calls = request.tools and request.tool_choice != "none"
         reply: list[str] = []
         async for chunk in self._stream(spec):
@@ -82,46 +92,34 @@ class SidecarService:
                     reply.append(chunk.text)
             yield chunk
 
-    def max_prompt_tokens(self) -> int:
-        """The prompt tokens one turn may take (0: no local limit, remote mode)."""
-        return self._ready_engine().config.max_prompt_tokens
-
-    async def spec_for(self, request: pb.GenerateRequest) -> GenerationSpec:
+    async def spec_for(self, request: pb.GenerateRequest, *, image: bytes | None = None,
+                       resends_history: bool = False) -> GenerationSpec:
         """A GenerateRequest checked and converted as every transport's must be: its size, then
-        every field by the one rule of convert (off the event loop)."""
-        self._ready_engine()
+        every field by the one rule of convert, then its image; all off the event loop."""
+        limits = self.limits
+        if image is not None and not limits.vision:  # before the bytes are looked at
+            raise FailedPrecondition(NO_VISION_MODEL)
         # The transports admit messages up to the largest image; everything but AskImage keeps
         # to --max-message-bytes, with the code gRPC itself gives an oversized message.
         size = request.ByteSize()
         if size > self.info.max_message_bytes:
             raise ResourceExhausted(f"the request is {size} bytes; the limit is {self.info.max_message_bytes} (--max-message-bytes)")
-        # In a worker thread: a JSON schema's grammar or a long prompt's checks must not hold up
-        # the event loop, which streams every other conversation's chunks.
-        return await asyncio.to_thread(convert.generation_spec_from_pb, request, self.max_prompt_tokens())
+        # In a worker thread: a JSON schema's grammar, a long prompt's checks or a large PNG's
+        # decoding must not hold up the event loop, which streams every other conversation.
+        return await asyncio.to_thread(convert.turn_spec, request, limits, image, self.info.max_image_bytes, resends_history)
 
     async def ask_image(self, request: pb.AskImageRequest) -> AsyncIterator[pb.GenerateChunk]:
         """Answer a question about a screenshot (or, in a session, about its last one)."""
-        if self.draining:
-            raise Unavailable("the daemon is shutting down")
-        self._ready_engine()
-        if self.engine.config.vision is None:  # before the image is even looked at
-            raise FailedPrecondition("this daemon has no vision model; start it with --mmproj PROJECTOR.gguf")
+        if not self.limits.vision:  # before the image is even looked at
+            raise FailedPrecondition(NO_VISION_MODEL)
         # Decoding a large PNG takes tens of milliseconds: keep it off the event loop.
         spec = await asyncio.to_thread(convert.image_spec_from_pb, request, self.info.max_image_bytes)
         async for chunk in self._stream(spec):
             yield chunk
 
-    async def generate_spec(self, spec: GenerationSpec) -> AsyncIterator[pb.GenerateChunk]:
-        """The same stream as generate, for an edge whose request has no xlm.v1 message (the
-        OpenAI API's chat turn with an image) and was validated with convert's helpers."""
-        if self.draining:
-            raise Unavailable("the daemon is shutting down")
-        async for chunk in self._stream(spec):
-            yield chunk
-
     async def _stream(self, spec) -> AsyncIterator[pb.GenerateChunk]:
         collector = StreamCollector(asyncio.get_running_loop())
-        job = self.engine.submit(spec, collector.put)
+        job = self.backend.submit(spec, collector.put)
         self._jobs[id(job)] = job
         self._idle.clear()
         log.debug("generate", request_id=spec.request_id, session_id=spec.session_id)
@@ -156,14 +154,13 @@ class SidecarService:
                 self._idle.set()
 
     async def set_budget(self, request: pb.SetBudgetRequest) -> pb.SetBudgetResponse:
-        if self.draining:
-            raise Unavailable("the daemon is shutting down")
+        self._refuse_while_draining()
         control = self.budget_control
         threads = check_thread_cap(request.max_cpu_threads) if request.HasField("max_cpu_threads") else None
         which = request.WhichOneof("vram")
         if which == "vram_size":
             vram = parse_size(request.vram_size)  # INVALID_ARGUMENT before anything else
-        self._ready_engine()
+        backend = self.ready_backend()
         if control is None:
             raise Unimplemented("this daemon was started without budget control")
         # Shielded: a game that asked for its VRAM back and then dropped the call (a scene load
@@ -178,7 +175,7 @@ class SidecarService:
         self.budget = change.budget
         return pb.SetBudgetResponse(
             budget=convert.budget_to_pb(change.budget),
-            schedule=convert.schedule_to_pb(self.engine.config),
+            schedule=convert.schedule_to_pb(backend.config),
             reloaded=change.reloaded,
             pause_ms=change.pause_ms,
         )
@@ -194,14 +191,14 @@ class SidecarService:
                 unix_ms=convert.now_unix_ms(),
                 phase=convert.phase_to_pb(state.phase),
                 budget=convert.budget_to_pb(state.budget),
-                schedule=convert.schedule_to_pb(self.engine.config) if self.engine is not None else None,
+                schedule=convert.schedule_to_pb(self.backend.config) if self.backend is not None else None,
                 reason=state.reason,
                 profile=profile_to_pb(state.profile),
             )
 
     async def get_status(self) -> pb.Status:
         self._refuse_while_draining()
-        if self.engine is None:
+        if self.backend is None:
             return starting_status(
                 phase=self.state.current.phase, budget=self.budget, version=self.info.version,
                 uptime_s=time.monotonic() - self.started, host_resident_bytes=self._process.memory_info().rss,
@@ -209,7 +206,7 @@ class SidecarService:
                 max_image_bytes=self.info.max_image_bytes, profile=self.state.current.profile,
             )
         status = convert.status_to_pb(
-            self.engine.snapshot(),
+            self.backend.snapshot(),
             budget=self.budget,
             version=self.info.version,
             uptime_s=time.monotonic() - self.started,
@@ -223,9 +220,9 @@ class SidecarService:
         return status
 
     async def end_session(self, request: pb.EndSessionRequest) -> pb.EndSessionResponse:
-        self._refuse_while_draining()
+        backend = self.ready_backend()
         check_session_id(request.session_id)
-        return pb.EndSessionResponse(tokens_freed=self._ready_engine().end_session(request.session_id))
+        return pb.EndSessionResponse(tokens_freed=backend.end_session(request.session_id))
 
     def begin_drain(self) -> None:
         """Refuse new work; in-flight streams carry on until the transport's grace period ends."""
@@ -247,7 +244,7 @@ class SidecarService:
         return self._idle.is_set()
 
     def cancel_streams(self) -> int:
-        """End every stream in flight the way the proto says shutdown does: the engine stops each
+        """End every stream in flight the way the proto says shutdown does: the backend stops each
         at its next step and sends its final chunk (FINISH_REASON_CANCELLED, with usage), so the
         transports can still deliver it and a terminal frame. Returns how many were cancelled."""
         jobs = list(self._jobs.values())

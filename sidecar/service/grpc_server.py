@@ -17,11 +17,10 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from sidecar.api import pb
-from sidecar.errors import SidecarError
 from sidecar.service.auth import METADATA_KEY, Authenticator
 from sidecar.service.calls import CALLS, Call
 from sidecar.service.core import SidecarService
-from sidecar.service.status_codes import status_code_for
+from sidecar.service.refusals import refusal_for
 
 log = structlog.get_logger("grpc")
 
@@ -38,11 +37,12 @@ class PortInUse(Exception):
 
 
 async def _abort(context: grpc.aio.ServicerContext, error: BaseException) -> None:
-    if not isinstance(error, SidecarError):
+    refusal = refusal_for(error)
+    if refusal.unexpected:
         log.exception("unexpected error in a call", exc_info=error)
-    retry = getattr(error, "retry_after_ms", None)  # gRFC A6: clients' retry policies honour this trailer
+    retry = refusal.retry_after_ms  # gRFC A6: clients' retry policies honour this trailer
     trailers = (("grpc-retry-pushback-ms", str(retry)),) if retry is not None else ()
-    await context.abort(status_code_for(error), str(error) or type(error).__name__, trailing_metadata=trailers)
+    await context.abort(refusal.grpc_code, refusal.message, trailing_metadata=trailers)
 
 
 # -- the calls, from the shared table ------------------------------------------------------------

@@ -175,7 +175,7 @@ def end_frame(call_id: CallId) -> str:
 
 
 def error_frame(call_id: CallId | None, code: str, message: str, retry_after_ms: int | None = None) -> str:
-    """`code` is a gRPC status name ("INVALID_ARGUMENT"), as status_codes.status_code_for decides;
+    """`code` is a gRPC status name ("INVALID_ARGUMENT"), as refusals.refusal_for decides;
     `retry_after_ms` (the daemon is still starting) becomes the error's "retryAfterMs"."""
     error: dict[str, object] = {"code": code, "message": message}
     if retry_after_ms is not None:

@@ -19,11 +19,11 @@ from sidecar.service.schema_bounds import parse_schema
 MAX_BYTES_PER_TOKEN = 32
 
 
-def check_prompt_size(n_bytes: int, max_prompt_tokens: int, what: str = "") -> None:
+def check_prompt_size(n_bytes: int, max_prompt_tokens: int | None, what: str = "") -> None:
     """Refuse a prompt that is too long by its bytes alone, before it is tokenized (tokenizing
     megabytes takes seconds). 0 tokens means no local limit (remote mode). `what` names the
     fields the bytes came from, for the message."""
-    if max_prompt_tokens <= 0:
+    if not max_prompt_tokens:
         return
     limit = max_prompt_tokens * MAX_BYTES_PER_TOKEN
     if n_bytes > limit:

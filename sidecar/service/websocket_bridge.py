@@ -19,11 +19,11 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
-from sidecar.errors import ResourceExhausted, SidecarError, Unavailable
+from sidecar.errors import ResourceExhausted, Unavailable
 from sidecar.service import json_frames as frames
 from sidecar.service.auth import Authenticator, token_from_auth_frame, token_from_header
 from sidecar.service.core import SidecarService
-from sidecar.service.status_codes import status_code_for
+from sidecar.service.refusals import refusal_for
 
 log = structlog.get_logger("websocket")
 
@@ -267,8 +267,7 @@ class _Connection:
             self._cancelled_by_client.discard(key)
 
     async def _send_error(self, call_id: frames.CallId | None, error: BaseException) -> None:
-        if not isinstance(error, SidecarError):
+        refusal = refusal_for(error)
+        if refusal.unexpected:
             log.exception("unexpected error in a call", exc_info=error)
-        code = status_code_for(error).name
-        retry = getattr(error, "retry_after_ms", None)
-        await self.outbox.put(frames.error_frame(call_id, code, str(error) or type(error).__name__, retry))
+        await self.outbox.put(frames.error_frame(call_id, refusal.code_name, refusal.message, refusal.retry_after_ms))

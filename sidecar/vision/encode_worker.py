@@ -85,10 +85,7 @@ class _Child:
         self._encoder = None
 
     def encode(self, request: EncodeRequest):
-        # The engine package first, as in the daemon: encoder.py's import of sidecar.engine's log
-        # filter would otherwise load the engine, which imports encoder.py half-initialised.
-        import sidecar.engine  # noqa: F401
-        from sidecar.vision.encoder import VisionEncoder
+        from sidecar.vision.encoder import VisionEncoder  # the child only: the parent never loads it
 
         model = self._vocabulary(request.model_path)
         settings = request.settings

@@ -23,7 +23,7 @@ import numpy as np
 import llama_cpp
 from llama_cpp import mtmd_cpp
 
-from sidecar.engine.native_log import capture_native_log
+from sidecar.native.log_capture import capture_native_log
 from sidecar.errors import EngineFailure, InvalidArgument, ModelLoadError
 from sidecar.vision.encoder_settings import EncoderSettings
 from sidecar.vision.image_input import RgbImage

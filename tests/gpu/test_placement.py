@@ -77,7 +77,7 @@ def test_every_sub_layer_sits_where_the_plan_says(model_path: Path, budget: int,
 
 
 def _buffer_name(report, device: str) -> str:
-    from sidecar.engine.load_report import buffer_device
+    from sidecar.backend.load_report import buffer_device
 
     return next((b for b in report.kv_bytes if buffer_device(b) == device), "")
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.engine.load_report import parse_load_log
-from sidecar.engine.native_model import NativeModel
+from sidecar.backend.load_report import parse_load_log
+from sidecar.native.model import NativeModel
 from sidecar.ggml_devices import _mapped_files, gpu_device_names, library_path, llama_lib_dir
 
 

@@ -1,6 +1,6 @@
 """OpenAI-style error objects, with the HTTP status that matches the gRPC code of the same error.
 
-Only this module turns our typed errors into HTTP statuses, as status_codes does for gRPC, so the
+Only this module turns our typed errors into HTTP statuses, through the one table of refusals.py, so the
 two transports refuse the same request the same way: INVALID_ARGUMENT and FAILED_PRECONDITION are
 400, NOT_FOUND 404, RESOURCE_EXHAUSTED 429, UNAVAILABLE 503 (what grpc-gateway maps them to).
 """
@@ -11,7 +11,7 @@ import structlog
 from starlette.responses import JSONResponse
 
 from sidecar import errors
-from sidecar.service.status_codes import status_code_for
+from sidecar.service.refusals import refusal_for
 
 log = structlog.get_logger("http")
 
@@ -36,37 +36,31 @@ def too_large(limit: int, what: str) -> HttpRefusal:
                        "invalid_request_error", "request_too_large")
 
 
-# (our error, HTTP status, OpenAI error type); the first match wins.
-_STATUS: list[tuple[type[errors.SidecarError], int, str]] = [
-    (errors.InvalidArgument, 400, "invalid_request_error"),
-    (errors.FailedPrecondition, 400, "invalid_request_error"),
-    (errors.NotFound, 404, "not_found_error"),
-    (errors.ResourceExhausted, 429, "rate_limit_error"),
-    (errors.Unavailable, 503, "server_error"),
-    (errors.Unimplemented, 501, "server_error"),
-]
-
-
 def status_for(error: BaseException) -> tuple[int, str, str]:
-    """(HTTP status, OpenAI error type, code) for an error; 500 for anything we did not type.
-    The code is the gRPC status name in lower case, so a log line reads the same on both edges."""
+    """(HTTP status, OpenAI error type, code) for an error, from the one table (refusals.py).
+    The code is the gRPC status name in lower case, so a log line reads the same on every edge."""
     if isinstance(error, HttpRefusal):
         return error.status, error.kind, error.code
-    for kind, status, type_ in _STATUS:
-        if isinstance(error, kind):
-            return status, type_, status_code_for(error).name.lower()
-    return 500, "server_error", "internal"
+    refusal = refusal_for(error)
+    return refusal.http_status, refusal.openai_type, refusal.code_name.lower()
 
 
 def error_body(error: BaseException, param: str | None = None) -> tuple[int, dict]:
     status, type_, code = status_for(error)
-    if status == 500 and not isinstance(error, errors.SidecarError):
+    if refusal_for(error).unexpected and not isinstance(error, HttpRefusal):
         log.exception("unexpected error in an HTTP call", exc_info=error)
     message = str(error) or type(error).__name__
     return status, {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 
 def error_response(error: BaseException, param: str | None = None) -> JSONResponse:
+    """The error object with its status, and the retry hint where there is one (a daemon still
+    loading: `Retry-After`, as gRPC's pushback trailer and the bridge's retryAfterMs)."""
     status, body = error_body(error, param)
-    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-    return JSONResponse(body, status_code=status, headers=headers)
+    headers = {}
+    if status == 401:
+        headers["WWW-Authenticate"] = "Bearer"
+    retry = None if isinstance(error, HttpRefusal) else refusal_for(error).retry_after_header
+    if retry is not None:
+        headers["Retry-After"] = retry
+    return JSONResponse(body, status_code=status, headers=headers or None)

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from sidecar.engine.sessions import MAX_SESSION_ID_LENGTH
+from sidecar.backend.sessions import MAX_SESSION_ID_LENGTH
 
 # OpenAI's own ranges where ours are wider. Seeds take any uint64, as gRPC's do (folded into
 # llama.cpp's 32 bits the same way, convert.sampling_from_pb).

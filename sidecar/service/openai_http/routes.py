@@ -9,11 +9,9 @@ gRPC and the WebSocket bridge.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import replace
 from pathlib import Path
 
 import pydantic
@@ -24,7 +22,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from sidecar.api import pb
-from sidecar.errors import FailedPrecondition, InvalidArgument, NotFound
+from sidecar.errors import InvalidArgument, NotFound
 from sidecar.service import convert
 from sidecar.service.auth import Authenticator
 from sidecar.service.core import SidecarService
@@ -33,7 +31,6 @@ from sidecar.service.openai_http.disconnect import ClientGone, EventStream, unti
 from sidecar.service.openai_http.errors import HttpRefusal, error_response, too_large, unauthenticated
 from sidecar.service.openai_http.openapi import openapi_document
 from sidecar.service.openai_http.request_models import ChatCompletionRequest, CompletionRequest, ImagePart
-from sidecar.vision.image_input import decode_encoded
 
 SESSION_HEADER = "x-session-id"
 # JSON bodies without images: a conversation of 1 MiB is far beyond any context this daemon
@@ -53,7 +50,7 @@ def image_allowance(max_image_bytes: int) -> int:
 class OpenAIApi:
     def __init__(self, core: SidecarService, authenticator: Authenticator, model_path: Path,
                  max_tokens_per_request: int, model_id: str | None = None) -> None:
-        # Built when the daemon listens, before the model is loaded (the engine comes later):
+        # Built when the daemon listens, before the model is loaded (the backend comes later):
         # the model's names come from its path, its own name once it is loaded.
         self.core = core
         self.authenticator = authenticator
@@ -64,12 +61,12 @@ class OpenAIApi:
 
     @property
     def model_names(self) -> set[str]:
-        engine = self.core.engine
-        return self._path_names | ({engine.facts.name} if engine is not None else set())
+        backend = self.core.backend
+        return self._path_names | ({backend.facts.name} if backend is not None else set())
 
     @property
     def body_limit(self) -> int:
-        vision = self.core.engine is not None and self.core.engine.config.vision is not None
+        vision = self.core.backend is not None and self.core.backend.limits.vision
         return MAX_TEXT_BODY_BYTES + (image_allowance(self.core.info.max_image_bytes) if vision else 0)
 
     def app(self) -> Starlette:
@@ -92,7 +89,7 @@ class OpenAIApi:
         async def guarded(request: Request) -> Response:
             try:
                 self._authorize(request)
-                self.core._ready_engine()  # UNAVAILABLE (503, with a retry hint) until loaded
+                self.core.ready_backend()  # UNAVAILABLE (503, with Retry-After) until loaded
                 return await endpoint(request)
             except ClientGone:
                 return Response(status_code=499)  # nobody is there to read it
@@ -137,7 +134,7 @@ class OpenAIApi:
         return bytes(body)
 
     def _limit_name(self) -> str:
-        if self.core.engine.config.vision is None:
+        if not self.core.limits.vision:
             return f"for JSON ({MAX_TEXT_BODY_BYTES})"
         return f"for JSON ({MAX_TEXT_BODY_BYTES}) and one image (--max-image-bytes)"
 
@@ -154,21 +151,9 @@ class OpenAIApi:
             raise NotFound(f"the model {name!r} is not served here; GET /v1/models lists {self.model_id!r}")
 
     def _stream(self, turn: translate.Turn) -> AsyncIterator[pb.GenerateChunk]:
-        if turn.image is None:
-            return self.core.generate(turn.request)
-        return self._image_stream(turn)
-
-    async def _image_stream(self, turn: translate.Turn) -> AsyncIterator[pb.GenerateChunk]:
-        """A turn with a new image: AskImage's checks on its bytes (off the event loop), then the
-        conversation with the image in its place, through the same core stream."""
-        if self.core.engine.config.vision is None:  # before the bytes are looked at, as over gRPC
-            raise FailedPrecondition("this daemon has no vision model; start it with --mmproj PROJECTOR.gguf")
-        spec = await self.core.spec_for(turn.request)  # the same checks as every other turn, off the loop
-        image = await asyncio.to_thread(decode_encoded, turn.image, self.core.info.max_image_bytes)
-        spec = replace(spec, image=image, asks_about_image=True)
-        async with contextlib.aclosing(self.core.generate_spec(spec)) as chunks:
-            async for chunk in chunks:
-                yield chunk
+        # The whole conversation, every turn, as OpenAI clients send it: the backend decides what
+        # its session already holds (resent_turns.py), never this transport.
+        return self.core.generate(turn.request, image=turn.image, resends_history=True)
 
     async def _respond(self, request: Request, turn: translate.Turn, ids: replies.ReplyIds, stream: bool,
                        include_usage: bool, session_id: str) -> Response:
@@ -202,7 +187,7 @@ class OpenAIApi:
         gets no 503 on its first request), not while starting, loading or draining."""
         if self.core.draining:
             return JSONResponse({"status": "draining"}, status_code=503)
-        if self.core.engine is None:
+        if self.core.backend is None:
             return JSONResponse({"status": "loading", "phase": self.core.state.current.phase}, status_code=503,
                                 headers={"Retry-After": "1"})
         return JSONResponse({"status": "ok"})
@@ -227,7 +212,7 @@ class OpenAIApi:
         self._check_text_size(raw, body)
         self._check_model(body.model)
         session_id = translate.session_id_of(request.headers.get(SESSION_HEADER), body)
-        turn = translate.chat_request(body, session_id, self.core.engine.sessions, self._max_tokens_limit())
+        turn = translate.chat_request(body, session_id, self._max_tokens_limit())
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         ids = replies.ReplyIds(self.model_id, chat=True)
         return await self._respond(request, turn, ids, bool(body.stream), include_usage, session_id)
@@ -239,7 +224,7 @@ class OpenAIApi:
         body: CompletionRequest = self._parse(CompletionRequest, raw)
         self._check_model(body.model)
         session_id = translate.session_id_of(request.headers.get(SESSION_HEADER), body)
-        turn = translate.completion_request(body, session_id, self.core.engine.sessions, self._max_tokens_limit())
+        turn = translate.completion_request(body, session_id, self._max_tokens_limit())
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         ids = replies.ReplyIds(self.model_id, chat=False)
         return await self._respond(request, turn, ids, bool(body.stream), include_usage, session_id)
@@ -266,7 +251,7 @@ class OpenAIApi:
         except (ValueError, RecursionError, AttributeError):
             return  # the validation below says what is wrong
         if isinstance(messages, list):
-            convert.check_message_count(len(messages), self.core.max_prompt_tokens())
+            convert.check_message_count(len(messages), self.core.limits.max_prompt_tokens)
 
     @staticmethod
     def _check_text_size(raw: bytes, body: ChatCompletionRequest) -> None:

@@ -13,7 +13,7 @@ import json
 import secrets
 from dataclasses import dataclass
 
-from sidecar.engine import prompt_layout
+from sidecar.api import pb
 from sidecar.errors import InvalidArgument
 from sidecar.service import tool_calls
 from sidecar.service.openai_http.request_models import ChatMessage, NamedToolChoice, Tool, ToolChoice
@@ -31,8 +31,17 @@ def tool_spec(tools: list[Tool] | None, choice: ToolChoice) -> ToolSpec | None:
     return tool_calls.plan(functions, name)
 
 
-def with_tool_instructions(conversation: list[tuple[str, str]], spec: ToolSpec) -> list[tuple[str, str]]:
-    return prompt_layout.with_tool_instructions(spec.instructions, conversation)
+def pb_tools(tools: list[Tool]) -> list[pb.Tool]:
+    """OpenAI's tools as xlm.v1 tools, which the core checks and plans as gRPC's."""
+    return [pb.Tool(name=t.function.name, description=t.function.description or "",
+                    parameters_json_schema=json.dumps(t.function.parameters) if t.function.parameters is not None else "")
+            for t in tools]
+
+
+def pb_tool_choice(choice: ToolChoice) -> str:
+    """xlm.v1's tool_choice: "auto", "required", or the function's name (OpenAI's default with
+    tools is "auto"; xlm.v1's is "required")."""
+    return choice.function.name if isinstance(choice, NamedToolChoice) else (choice or "auto")
 
 
 def tool_result_message(message: ChatMessage) -> tuple[str, str]:

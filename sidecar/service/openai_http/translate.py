@@ -15,8 +15,7 @@ import re
 from dataclasses import dataclass
 
 from sidecar.api import pb
-from sidecar.engine.requests import IMAGE_MARKER
-from sidecar.engine.sessions import SessionStore
+from sidecar.backend.requests import DEFAULT_MAX_TOKENS, IMAGE_MARKER, refuse_image_marker
 from sidecar.errors import InvalidArgument
 from sidecar.service.openai_http import tools as tool_calls
 from sidecar.service.openai_http.request_models import (
@@ -28,16 +27,16 @@ from sidecar.service.openai_http.request_models import (
     JsonSchemaResponseFormat,
     _Sampling,
 )
-from sidecar.service.openai_http.session_turn import chat_turn, prompt_turn
 
-DEFAULT_MAX_TOKENS = 256
 _DATA_URL = re.compile(r"data:image/(png|jpeg|jpg);base64,(.*)", re.DOTALL)
 
 
 @dataclass(frozen=True)
 class Turn:
-    """One request to the core: the xlm.v1 request, and the one new image of the turn, if any
-    (PNG or JPEG bytes, checked like AskImage's before any native code sees them)."""
+    """One request to the core: the xlm.v1 request carrying the whole conversation (the backend
+    decides what its session already holds), the conversation's last image, if any (PNG or JPEG
+    bytes, checked like AskImage's before any native code sees them), and the tools the reply is
+    read against."""
 
     request: pb.GenerateRequest
     image: bytes | None = None
@@ -55,37 +54,32 @@ def session_id_of(header: str | None, body: _Sampling) -> str:
     return (header or body.user or "").strip()
 
 
-def chat_request(body: ChatCompletionRequest, session_id: str, sessions: SessionStore, max_tokens_limit: int) -> Turn:
+def chat_request(body: ChatCompletionRequest, session_id: str, max_tokens_limit: int) -> Turn:
     _refuse_unsupported(body)
     if body.logprobs or body.top_logprobs:
         raise InvalidArgument("logprobs are not supported by this server")
     tools = tool_calls.tool_spec(body.tools, body.tool_choice)
     conversation: list[tuple[str, str]] = []
-    images: list[tuple[int, bytes]] = []  # (message index, image bytes)
+    images: list[bytes] = []
     for message in body.messages:
-        role, text = _message_text(message, images, len(conversation))
-        conversation.append((role, text))
-    if tools is not None:
-        conversation = tool_calls.with_tool_instructions(conversation, tools)
-    turn = chat_turn(sessions, session_id, conversation)
-    new_images = [data for index, data in images if index >= turn.skipped + _shift(conversation, body)]
-    if len(new_images) > 1:
-        raise InvalidArgument(
-            "at most one new image per request: send earlier images in a session (X-Session-Id) so they are kept"
-        )
+        conversation.append(_message_text(message, images))
+    # Tools go as xlm.v1 tools, as over gRPC: the backend tells a session them once, and again
+    # in a system message of their own when they change, without restarting the session.
     request = pb.GenerateRequest(
-        messages=pb.ChatMessages(messages=[pb.ChatMessage(role=r, content=c) for r, c in turn.messages]),
+        messages=pb.ChatMessages(messages=[pb.ChatMessage(role=r, content=c) for r, c in conversation]),
         sampling=_sampling(body),
         max_tokens=_max_tokens(body.max_completion_tokens or body.max_tokens, max_tokens_limit),
         stop=_stops(body.stop),
-        json_schema=tools.json_schema if tools is not None and tools.json_schema else _json_schema(body),
+        json_schema=_json_schema(body),
         session_id=session_id,
-        reset_session=turn.reset,
+        tools=tool_calls.pb_tools(body.tools) if tools is not None else [],
+        tool_choice=tool_calls.pb_tool_choice(body.tool_choice) if tools is not None else "",
     )
-    return Turn(request, new_images[0] if new_images else None, tools)
+    # Only the last image can be new (the backend refuses more than one new one).
+    return Turn(request, images[-1] if images else None, tools)
 
 
-def completion_request(body: CompletionRequest, session_id: str, sessions: SessionStore, max_tokens_limit: int) -> Turn:
+def completion_request(body: CompletionRequest, session_id: str, max_tokens_limit: int) -> Turn:
     _refuse_unsupported(body)
     if body.echo:
         raise InvalidArgument("echo is not supported by this server")
@@ -96,21 +90,14 @@ def completion_request(body: CompletionRequest, session_id: str, sessions: Sessi
     if body.logprobs:
         raise InvalidArgument("logprobs are not supported by this server")
     prompt = body.prompt if isinstance(body.prompt, str) else body.prompt[0]
-    turn = prompt_turn(sessions, session_id, prompt)
     request = pb.GenerateRequest(
-        prompt=turn.text,
+        prompt=prompt,
         sampling=_sampling(body),
         max_tokens=_max_tokens(body.max_tokens, max_tokens_limit),
         stop=_stops(body.stop),
         session_id=session_id,
-        reset_session=turn.reset,
     )
     return Turn(request)
-
-
-def _shift(conversation: list[tuple[str, str]], body: ChatCompletionRequest) -> int:
-    """Messages placed before the client's own ones (the tool instructions), which move indexes."""
-    return len(conversation) - len(body.messages)
 
 
 def _refuse_unsupported(body: _Sampling) -> None:
@@ -120,9 +107,8 @@ def _refuse_unsupported(body: _Sampling) -> None:
         raise InvalidArgument("logit_bias is not supported by this server")
 
 
-def _message_text(message: ChatMessage, images: list[tuple[int, bytes]], index: int) -> tuple[str, str]:
-    """(role, text) with an image part standing as the image marker; images collected with the
-    index of their message."""
+def _message_text(message: ChatMessage, images: list[bytes]) -> tuple[str, str]:
+    """(role, text) with an image part standing as the image marker; images collected in order."""
     role = "system" if message.role == "developer" else message.role
     if role == "tool":
         return tool_calls.tool_result_message(message)
@@ -134,17 +120,17 @@ def _message_text(message: ChatMessage, images: list[tuple[int, bytes]], index: 
             raise InvalidArgument(f"a {role} message needs content")
         return role, ""
     if isinstance(content, str):
+        refuse_image_marker(content, "message content")
         return role, content
     pieces: list[str] = []
     for part in content:
         if isinstance(part, ImagePart):
             if role != "user":
                 raise InvalidArgument("images may only be in user messages")
-            images.append((index, _image_bytes(part.image_url.url)))
+            images.append(_image_bytes(part.image_url.url))
             pieces.append(IMAGE_MARKER)
         else:
-            if IMAGE_MARKER in part.text:
-                raise InvalidArgument(f"message text may not contain {IMAGE_MARKER!r}")
+            refuse_image_marker(part.text, "message text")
             pieces.append(part.text)
     return role, "\n".join(pieces)
 

@@ -3,50 +3,11 @@
 from __future__ import annotations
 
 import secrets
-from dataclasses import dataclass
 
 import llama_cpp
 
+from sidecar.backend.sampling import SamplingConfig
 from sidecar.errors import InvalidArgument
-
-
-@dataclass(frozen=True)
-class SamplingConfig:
-    """How the next token is chosen. Defaults suit NPC dialogue: varied but on topic.
-
-    temperature 0 means greedy. seed None means a fresh random seed per request.
-    """
-
-    temperature: float = 0.7
-    top_k: int = 40
-    top_p: float = 0.95
-    min_p: float = 0.05
-    repeat_penalty: float = 1.1
-    repeat_last_n: int = 64
-    seed: int | None = None
-    # OpenAI's frequency and presence penalties, over the repeat_last_n window; 0 is off.
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
-
-    def __post_init__(self) -> None:
-        checks = [
-            (0.0 <= self.temperature <= 10.0, "temperature must be between 0 and 10"),
-            (0 <= self.top_k <= 1_000_000, "top_k must be 0 (off) or positive"),
-            (0.0 < self.top_p <= 1.0, "top_p must be in (0, 1]"),
-            (0.0 <= self.min_p < 1.0, "min_p must be in [0, 1)"),
-            (0.0 < self.repeat_penalty <= 10.0, "repeat_penalty must be in (0, 10]"),
-            (0 <= self.repeat_last_n <= 1 << 20, "repeat_last_n must be 0 or positive"),
-            (self.seed is None or 0 <= self.seed < 2**32 - 1, "seed must fit in 32 bits (below 4294967295)"),
-            (-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty must be between -2 and 2"),
-            (-2.0 <= self.presence_penalty <= 2.0, "presence_penalty must be between -2 and 2"),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise InvalidArgument(message)
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
 
 
 # Candidates the repetition penalty considers when the request disables top-k: the penalty only
@@ -113,19 +74,3 @@ class SamplerChain:
         if self.ptr:
             llama_cpp.llama_sampler_free(self.ptr)
             self.ptr = None
-
-
-def json_schema_grammar(schema: str) -> str:
-    """GBNF grammar text that only admits JSON valid under `schema`; InvalidArgument if it is not a schema."""
-    import json
-
-    from llama_cpp.llama_grammar import json_schema_to_gbnf
-
-    try:
-        json.loads(schema)
-    except ValueError as e:
-        raise InvalidArgument(f"json_schema is not valid JSON: {e}") from e
-    try:
-        return json_schema_to_gbnf(schema)
-    except Exception as e:  # the converter raises bare Exceptions/KeyErrors on schemas it cannot express
-        raise InvalidArgument(f"json_schema cannot be turned into a grammar: {e}") from e

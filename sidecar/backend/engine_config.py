@@ -86,3 +86,12 @@ class EngineConfig:
             object.__setattr__(self, "max_prompt_tokens", self.n_ctx * 3 // 4)
         if not 1 <= self.max_prompt_tokens < self.n_ctx:
             raise InvalidArgument("max_prompt_tokens must be smaller than the context size")
+
+
+# Read per pass (threads) or only reported (the schedule's predictions): changing them needs no reload.
+_THREAD_FIELDS = {"threads_decode", "threads_prefill", "tier_threads", "schedule"}
+
+
+def same_placement(a: EngineConfig, b: EngineConfig) -> bool:
+    """True when two configurations differ at most in threads, which need no reload."""
+    return all(getattr(a, f) == getattr(b, f) for f in a.__dataclass_fields__ if f not in _THREAD_FIELDS)

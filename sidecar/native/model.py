@@ -9,32 +9,17 @@ from __future__ import annotations
 
 import ctypes
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 import llama_cpp
 
-from sidecar.engine.chat_template import TemplateError, render_jinja_template
-from sidecar.engine.native_log import capture_native_log
-from sidecar.engine.tensor_overrides import TensorOverrides
+from sidecar.native.chat_template import TemplateError, render_jinja_template
+from sidecar.native.log_capture import capture_native_log
+from sidecar.native.tensor_overrides import TensorOverrides
+from sidecar.backend.contract import ModelFacts
 from sidecar.errors import InvalidArgument, ModelLoadError
 
 GGUF_MAGIC = b"GGUF"
-
-
-@dataclass(frozen=True)
-class ModelFacts:
-    """What the status RPC reports about the loaded model."""
-
-    path: str
-    name: str
-    architecture: str
-    parameters: int
-    file_bytes: int
-    trained_context: int
-    layers: int
-    experts: int
-    chat_template: str
 
 
 def check_gguf_file(path: Path) -> None:

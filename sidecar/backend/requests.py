@@ -8,13 +8,25 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Union
 
-from sidecar.engine.sampling import SamplingConfig
+from sidecar.backend.sampling import SamplingConfig
 from sidecar.errors import InvalidArgument, SidecarError
 from sidecar.vision.image_input import RgbImage
 
 # Stands for an image inside chat message text; the engine splits the rendered prompt on it and
 # puts the image's embeddings there. Game text may not contain it.
 IMAGE_MARKER = "<__xlm_image__>"
+
+# A reply's length when the request does not say (every transport's default).
+DEFAULT_MAX_TOKENS = 256
+
+# What an image request hears from a daemon started without a projector, on every way in.
+NO_VISION_MODEL = "this daemon has no vision model; start it with --mmproj PROJECTOR.gguf"
+
+
+def refuse_image_marker(text: str, field: str) -> None:
+    """Game text may not hold the image marker: it would stand for an image nobody sent."""
+    if IMAGE_MARKER in text:
+        raise InvalidArgument(f"{field} may not contain {IMAGE_MARKER!r}; it stands for images")
 
 ROLES = ("system", "user", "assistant")
 
@@ -55,7 +67,7 @@ class GenerationSpec:
 
     prompt: Prompt
     sampling: SamplingConfig = SamplingConfig()
-    max_tokens: int = 256
+    max_tokens: int = DEFAULT_MAX_TOKENS
     stop: tuple[str, ...] = ()
     grammar: str | None = None
     # The JSON schema `grammar` was derived from, as the caller sent it: the remote backend forwards
@@ -63,6 +75,10 @@ class GenerationSpec:
     json_schema: str = ""
     session_id: str = ""
     reset_session: bool = False
+    # The messages (or text) are the whole conversation, as OpenAI clients send every turn: the
+    # backend keeps what its session already holds and sends on the rest (resent_turns.py). The
+    # image, if any, is the conversation's last one.
+    resends_history: bool = False
     request_id: str = ""
     # AskImage: the screenshot (None for a follow-up about the session's last image).
     image: RgbImage | None = None
@@ -150,6 +166,11 @@ class Job:
     # Its image's embeddings (or the error encoding it raised) once the vision worker has answered;
     # set from the worker's reply thread (image_encodes.py).
     encoded: object | None = None
+
+    # A resent turn as it was sent, while `spec` holds what resent_turns.resolve made of it, and
+    # the session (and its version) it was resolved against; engine thread only.
+    resent: GenerationSpec | None = None
+    resolved_against: tuple[object, int] | None = None
 
     def cancel(self) -> None:
         """Ask the engine to stop this request; it ends within one step with reason CANCELLED."""

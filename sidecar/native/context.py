@@ -11,8 +11,8 @@ from dataclasses import dataclass
 import llama_cpp
 import numpy as np
 
-from sidecar.engine.native_log import capture_native_log
-from sidecar.engine.native_model import NativeModel
+from sidecar.native.log_capture import capture_native_log
+from sidecar.native.model import NativeModel
 from sidecar.errors import EngineFailure, InvalidArgument, ModelLoadError, ResourceExhausted
 
 _FLASH = {

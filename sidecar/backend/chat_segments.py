@@ -18,7 +18,7 @@ import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sidecar.engine.requests import IMAGE_MARKER
+from sidecar.backend.requests import IMAGE_MARKER
 from sidecar.errors import InvalidArgument
 
 Render = Callable[[list[tuple[str, str]]], str]

@@ -33,6 +33,24 @@ class Session:
     images: list = field(default_factory=list)
     # Reply text -> the tokens it was generated as (reply_tokens.py).
     reply_tokens: dict = field(default_factory=dict)
+    # The conversation as its client sent it, with the replies, when its turns resend the whole
+    # conversation (OpenAI clients): what resent_turns compares a resent turn with. `messages` is
+    # the history as laid out for the model (context and tools in the system message, trimmed).
+    sent: list[tuple[str, str]] | None = None
+    # Bumped by the owning backend whenever the history changes, so a decision taken against it
+    # can tell it is still current.
+    version: int = 0
+
+    def restart(self) -> None:
+        """Forget the conversation (its KV cache is dropped or overwritten by the owner)."""
+        self.messages = []
+        self.text = ""
+        self.images = []
+        self.reply_tokens = {}
+        self.saved_state, self.saved_tokens = None, []
+        self.sent = None
+        self.tokens = 0
+        self.version += 1
 
     @property
     def is_empty(self) -> bool:

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from typing import Callable
 
-from sidecar.engine.chat_segments import Tokenize, raw_segments, render_segments, tokenize_segments
-from sidecar.engine.requests import Prompt
+from sidecar.backend.chat_segments import Tokenize, raw_segments, render_segments, tokenize_segments
+from sidecar.backend.requests import Prompt
 
 # Between the shared context and the NPC's own system text.
 SEPARATOR = "\n\n"

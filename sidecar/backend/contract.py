@@ -1,0 +1,102 @@
+"""What the service core asks of whatever generates: the local llama.cpp engine
+(sidecar.engine.Engine) or the remote backend (sidecar.remote.RemoteBackend).
+
+The core and every transport see only this: a backend takes a validated request and streams its
+events to a sink, ends a session, reports its state and reloads with a new schedule. How it keeps
+sessions (the engine's KV cache, the remote backend's forwarded history) is its own business, and
+so are the decisions about them: a transport never reads a live session (see resent_turns.py).
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from sidecar.backend.engine_config import EngineConfig
+from sidecar.backend.load_report import LoadReport
+from sidecar.backend.phase import EnginePhase
+from sidecar.backend.requests import GenerationSpec, Job, Sink
+from sidecar.backend.sessions import SessionView
+from sidecar.backend.stats import ThroughputSnapshot
+
+if TYPE_CHECKING:  # types of the status view only; importing them would load llama.cpp
+    from sidecar.engine.prefix_cache import PrefixCacheStats
+    from sidecar.vision.encoder import EncoderStats
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What the status RPC reports about the model being served."""
+
+    path: str
+    name: str
+    architecture: str
+    parameters: int
+    file_bytes: int
+    trained_context: int
+    layers: int
+    experts: int
+    chat_template: str
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    """What the service core checks a request against before the backend sees it."""
+
+    # Longest prompt in tokens; None where the serving side decides (a remote server's context).
+    max_prompt_tokens: int | None
+    max_tokens_per_request: int
+    # A vision model is loaded: image turns are taken.
+    vision: bool
+    # JSON schemas are compiled to a llama.cpp grammar here. A remote server compiles its own, so
+    # remote mode checks a schema's size but never loads llama.cpp's grammar code.
+    compiles_grammar: bool
+
+
+@dataclass(frozen=True)
+class BackendSnapshot:
+    """A consistent-enough view of a backend for the status RPC."""
+
+    phase: EnginePhase
+    model: ModelFacts
+    config: EngineConfig
+    throughput: ThroughputSnapshot
+    sessions: list[SessionView]
+    requests_active: int
+    requests_queued: int
+    kv_tokens: int
+    kv_cache_bytes: int
+    last_reload_pause_ms: float
+    load_report: LoadReport
+    vision: EncoderStats | None = None
+    prefix_cache: PrefixCacheStats | None = None
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """The contract. `submit` is called on the daemon's event loop and must not block it; the
+    sink it is given never blocks either (StreamCollector)."""
+
+    facts: ModelFacts
+    # The schedule in force, as status and SetBudget report it.
+    config: EngineConfig
+
+    @property
+    def limits(self) -> RequestLimits: ...
+
+    def submit(self, spec: GenerationSpec, sink: Sink) -> Job:
+        """Queue a request; its events go to `sink`, the last one Finished or an error. Cancel it
+        with the returned job's `cancel()`. Raises a SidecarError when it cannot be queued."""
+        ...
+
+    def end_session(self, session_id: str) -> int:
+        """Forget a session; the tokens it held. NotFound if unknown."""
+        ...
+
+    def snapshot(self) -> BackendSnapshot: ...
+
+    def reload(self, config: EngineConfig, *, force: bool = False) -> Future:
+        """Switch to another schedule between forward passes, keeping every conversation; the
+        future holds (reloaded, pause_ms)."""
+        ...

@@ -1,0 +1,69 @@
+"""The one table from our typed errors to what each transport says: the gRPC status (which the
+WebSocket bridge sends by name), the HTTP status and OpenAI error type, and the retry hint.
+
+Every edge reads this table, so the three ways in refuse the same request the same way, and a
+retry hint reaches every client: gRPC's `grpc-retry-pushback-ms` trailer (which gRPC's own retry
+policies honour), the bridge's `retryAfterMs` field, HTTP's `Retry-After`. The HTTP statuses are
+the ones grpc-gateway maps the gRPC codes to.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import grpc
+
+from sidecar import errors
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """How one error is told to a caller."""
+
+    grpc_code: grpc.StatusCode
+    http_status: int
+    openai_type: str
+    message: str
+    # Milliseconds after which trying again may work; None when retrying the same request is futile.
+    retry_after_ms: int | None
+    # Not one of our typed errors: a bug, which the edge logs with its traceback.
+    unexpected: bool
+
+    @property
+    def code_name(self) -> str:
+        """The gRPC status name ("INVALID_ARGUMENT"), as the bridge's frames and logs carry it."""
+        return self.grpc_code.name
+
+    @property
+    def retry_after_header(self) -> str | None:
+        """HTTP's Retry-After, in whole seconds (at least 1)."""
+        return None if self.retry_after_ms is None else str(max(1, math.ceil(self.retry_after_ms / 1000)))
+
+
+# (our error, gRPC code, HTTP status, OpenAI error type); the first match wins, so subclasses first.
+_TABLE: list[tuple[type[errors.SidecarError], grpc.StatusCode, int, str]] = [
+    (errors.InvalidArgument, grpc.StatusCode.INVALID_ARGUMENT, 400, "invalid_request_error"),
+    (errors.ResourceExhausted, grpc.StatusCode.RESOURCE_EXHAUSTED, 429, "rate_limit_error"),
+    (errors.NotFound, grpc.StatusCode.NOT_FOUND, 404, "not_found_error"),
+    (errors.FailedPrecondition, grpc.StatusCode.FAILED_PRECONDITION, 400, "invalid_request_error"),
+    (errors.Unavailable, grpc.StatusCode.UNAVAILABLE, 503, "server_error"),
+    (errors.Unimplemented, grpc.StatusCode.UNIMPLEMENTED, 501, "server_error"),
+    (errors.ModelLoadError, grpc.StatusCode.FAILED_PRECONDITION, 400, "invalid_request_error"),
+    (errors.EngineFailure, grpc.StatusCode.INTERNAL, 500, "server_error"),
+]
+
+
+def refusal_for(error: BaseException) -> Refusal:
+    """How to tell a caller about `error`; INTERNAL / 500 for anything we did not type."""
+    message = str(error) or type(error).__name__
+    retry = getattr(error, "retry_after_ms", None)
+    for kind, code, status, openai_type in _TABLE:
+        if isinstance(error, kind):
+            return Refusal(code, status, openai_type, message, retry, unexpected=False)
+    return Refusal(grpc.StatusCode.INTERNAL, 500, "server_error", message, None,
+                   unexpected=not isinstance(error, errors.SidecarError))
+
+
+def status_code_for(error: BaseException) -> grpc.StatusCode:
+    return refusal_for(error).grpc_code
