@@ -8,11 +8,15 @@
 Errors arrive as grpc.RpcError with the status codes documented in proto/xlm/v1/sidecar.proto.
 Every call carries the daemon's token: `token=`, else XLM_SIDECAR_TOKEN, else the token file the
 daemon wrote for that port or socket (`token_file=` to name another).
+
+A call the daemon refuses with UNAVAILABLE before answering anything (it listens while it still
+loads the model, and says when to try again) is retried by gRPC itself: see RETRY_POLICY.
 """
 
 from __future__ import annotations
 
 import collections
+import json
 import os
 import time
 from collections.abc import Iterator, Sequence
@@ -26,6 +30,40 @@ from sidecar.service.auth import METADATA_KEY, bearer, find_token
 from sidecar.settings import DEFAULT_HOST, DEFAULT_PORT, format_address
 
 DEFAULT_ADDRESS = format_address(DEFAULT_HOST, DEFAULT_PORT)
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Sidecar"].full_name  # "xlm.v1.Sidecar"
+
+# gRPC's own retries (gRFC A6), for the calls the daemon refuses while it still loads its model:
+# UNAVAILABLE with a grpc-retry-pushback-ms trailer, which sets the wait before the next attempt
+# (the backoff below then only spaces other UNAVAILABLEs: shutting down, not listening). A call is
+# retried only while nothing of its answer has come (a Trailers-Only refusal: no headers, no
+# message), so a reply is never generated twice; its deadline bounds every attempt and wait.
+# gRPC clamps maxAttempts to 5, so with the daemon's 500 ms hint it covers a load of about 2 s;
+# generate and ask_image wait out a longer one themselves (_stream). GetStatus and WatchState are
+# answered while loading, and refused only by a daemon shutting down: not retried.
+RETRIED_METHODS = ("Generate", "AskImage", "SetBudget", "EndSession")
+RETRY_POLICY = {
+    "maxAttempts": 5,
+    "initialBackoff": "0.1s",
+    "maxBackoff": "1s",
+    "backoffMultiplier": 2,
+    "retryableStatusCodes": ["UNAVAILABLE"],
+}
+SERVICE_CONFIG = {
+    "methodConfig": [
+        {"name": [{"service": SERVICE_NAME, "method": m} for m in RETRIED_METHODS], "retryPolicy": RETRY_POLICY}
+    ]
+}
+CHANNEL_OPTIONS = (
+    ("grpc.enable_retries", 1),
+    ("grpc.service_config", json.dumps(SERVICE_CONFIG)),
+    # A request larger than this is committed as soon as it is sent, so never retried by gRPC (the
+    # default is 256 KiB: a screenshot is more); this covers an AskImage up to the daemon's default
+    # --max-image-bytes (32 MiB). A limit, not an allocation: gRPC keeps the request it was given
+    # until the call commits. Text requests are far smaller.
+    ("grpc.per_rpc_retry_buffer_size", 40 << 20),
+)
+# How long generate and ask_image wait for a model still loading when the client has no timeout.
+_LOAD_WAIT_S = 3600.0
 
 
 @dataclass
@@ -51,7 +89,7 @@ class SidecarClient:
         self.address = address
         self.timeout_s = timeout_s
         self.token = token if token is not None else find_token(address, token_file)
-        channel = grpc.insecure_channel(address)
+        channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
         self._raw_channel = channel
         if self.token:
             channel = grpc.intercept_channel(channel, _TokenInterceptor(self.token))
@@ -83,15 +121,19 @@ class SidecarClient:
 
     def generate(self, request: pb.GenerateRequest) -> Iterator[pb.GenerateChunk]:
         """Stream the raw chunks of one generation. Closing the iterator early cancels the call.
-        While the daemon is still loading its model the call is retried when it says to."""
-        yield from self._retrying(lambda: self._stub.Generate(request, timeout=self.timeout_s))
+        A call made while the daemon still loads its model is answered once it is loaded."""
+        yield from self._stream(self._stub.Generate, request)
 
-    def _retrying(self, start) -> Iterator[pb.GenerateChunk]:
-        # A daemon that listens but has not loaded its model yet answers UNAVAILABLE with a
-        # grpc-retry-pushback-ms trailer; nothing was generated, so the call is simply made again.
-        deadline = time.monotonic() + (self.timeout_s or 3600.0)
-        while True:
-            call = start()
+    def _stream(self, method, request) -> Iterator[pb.GenerateChunk]:
+        # gRPC retries a refused call up to RETRY_POLICY's 5 attempts, as the daemon's hint says
+        # (500 ms apart); a longer load (a large model: tens of seconds) outlasts them and the last
+        # refusal, with its hint, comes here. Then this waits for health SERVING (the engine is
+        # attached before) and calls once more, all within the one deadline. Health's Watch, not
+        # wait_ready's wait_for_ready Check: if the daemon exits because its load failed, the watch
+        # fails at once (UNAVAILABLE) instead of at the deadline.
+        deadline = time.monotonic() + (self.timeout_s or _LOAD_WAIT_S)
+        for last in (False, True):
+            call = method(request, timeout=_left(deadline) if self.timeout_s else None)
             started = False
             try:
                 for chunk in call:
@@ -99,12 +141,23 @@ class SidecarClient:
                     yield chunk
                 return
             except grpc.RpcError as e:
-                wait_ms = _pushback_ms(e)
-                if started or wait_ms is None or time.monotonic() + wait_ms / 1000.0 > deadline:
+                if last or started or _pushback_ms(e) is None:
                     raise
-                time.sleep(wait_ms / 1000.0)
+                self._wait_serving(deadline)
             finally:
                 call.cancel()
+
+    def _wait_serving(self, deadline: float) -> None:
+        """Return once health says SERVING; grpc.RpcError if the daemon goes away or the deadline passes."""
+        watch = health_pb2_grpc.HealthStub(self._channel).Watch(
+            health_pb2.HealthCheckRequest(service=""), timeout=_left(deadline)
+        )
+        try:
+            for response in watch:
+                if response.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+        finally:
+            watch.cancel()
 
     def chat(
         self,
@@ -145,7 +198,7 @@ class SidecarClient:
 
     def ask_image_stream(self, request: pb.AskImageRequest) -> Iterator[pb.GenerateChunk]:
         """Stream the raw chunks of one image question. Closing the iterator early cancels the call."""
-        yield from self._retrying(lambda: self._stub.AskImage(request, timeout=self.timeout_s))
+        yield from self._stream(self._stub.AskImage, request)
 
     def ask_image(
         self,
@@ -230,6 +283,10 @@ class _TokenInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClient
 
     def intercept_unary_stream(self, continuation, client_call_details, request):
         return continuation(self._with_token(client_call_details), request)
+
+
+def _left(deadline: float) -> float:
+    return max(deadline - time.monotonic(), 0.01)
 
 
 def _pushback_ms(error: grpc.RpcError) -> int | None:
