@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Decode tokens/s against the budget, measured through the daemon beside what the planner predicted.
 
 One daemon; for each budget (VRAM sizes worth trying on this machine, from the planner's own
@@ -7,20 +6,13 @@ gives the planner's predicted decode tokens/s (the 1-token tier), and greedy sin
 requests measure it (the daemon's own decode timing, first token excluded). Without a GPU the
 only VRAM budget is 0, so the sweep is over thread caps: the CPU half of the budget a game grants.
 
-    python bench/budget_sweep.py [--model PATH] [--tokens 64] [--repeats 3] [--json OUT]
+Part of `python bench/run.py planner` (after planner_fidelity.py's measures).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
-import sys
 from pathlib import Path
-
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tests"))
 
 PROMPT = "Tell me a long story about a dragon who guards a library."
 # At most this many VRAM budgets (spread over the planner's sweep): each one costs a reload.
@@ -45,8 +37,8 @@ def predicted_decode(schedule) -> float:
 def run(model: Path | None = None, tokens: int = 64, repeats: int = 3) -> dict:
     import psutil
 
-    from conftest import start_daemon, stop_daemon
     from sidecar.api import pb
+    from sidecar.daemon_process import start_daemon, stop_daemon
     from sidecar.default_model import default_model_path
     from sidecar.model_info import inspect_gguf
     from sidecar.planner.sources import load_hardware
@@ -89,20 +81,3 @@ def run(model: Path | None = None, tokens: int = 64, repeats: int = 3) -> dict:
     if len(vrams) == 1:
         print("(one VRAM budget: this machine has no GPU, so the budget that can change is the thread cap)")
     return {"hardware_source": source, "tokens": tokens, "points": points}
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", type=Path, default=None)
-    ap.add_argument("--tokens", type=int, default=64)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--json", type=Path, default=None)
-    args = ap.parse_args(argv)
-    result = run(args.model, args.tokens, args.repeats)
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

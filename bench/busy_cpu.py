@@ -1,9 +1,8 @@
-#!/usr/bin/env python3
 """A busy CPU (issue 17, 4): 4 streams' aggregate tokens/s with another process spinning on one
 core, the daemon left to itself (its thread governor) against `SetBudget {maxCpuThreads: 1}` set
 by hand, rounds interleaved on one daemon. Target: governor / by hand >= 0.9.
 
-    python bench/busy_cpu.py [--streams 4] [--tokens 64] [--rounds 3]
+    python bench/run.py busy-cpu [--streams 4] [--tokens 64] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -11,17 +10,10 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tests"))
-
-BUSY_LOOP = "while True: pass"
+from bench.common import busy_core
 
 
 def aggregate_tokens_per_s(daemon, streams: int, tokens: int, tag: str) -> float:
@@ -44,25 +36,25 @@ def aggregate_tokens_per_s(daemon, streams: int, tokens: int, tag: str) -> float
     return sum(counts) / (time.perf_counter() - t0)
 
 
-def main() -> None:
-    from conftest import start_daemon, stop_daemon
-    from sidecar.api import pb
+def options(group) -> None:
+    group.add_argument("--streams", type=int, default=4)
+    group.add_argument("--tokens", type=int, default=None, help="tokens per request (default 64; 16 with --quick)")
 
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--streams", type=int, default=4)
-    ap.add_argument("--tokens", type=int, default=64)
-    ap.add_argument("--rounds", type=int, default=3)
-    args = ap.parse_args()
+
+def scenario(args: argparse.Namespace) -> dict:
+    from sidecar.api import pb
+    from sidecar.daemon_process import start_daemon, stop_daemon
+
+    args.tokens = args.tokens or (16 if args.quick else 64)
     daemon = start_daemon("--stream-interval-ms", "33")
     listening = next(e for e in daemon.log_lines if e.get("event") == "listening")
     print("plan: tier threads", listening.get("tier_threads"), "planned", listening.get("planned"))
-    busy = subprocess.Popen(["taskset", "-c", "0", sys.executable, "-c", BUSY_LOOP])
     results: dict[str, list[float]] = {"governor": [], "by hand": []}
     try:
-        with daemon.client(timeout_s=600) as client:
+        with busy_core(cpu=0), daemon.client(timeout_s=600) as client:
             planned = max(t.threads for t in client.status().schedule.tiers)
             aggregate_tokens_per_s(daemon, args.streams, 8, "warm-up")
-            for r in range(args.rounds):
+            for r in range(args.repeats):
                 for side in ("governor", "by hand"):
                     # A fresh configuration each round: the governor starts again at the plan's
                     # threads, so every "governor" figure includes noticing the busy core.
@@ -72,17 +64,14 @@ def main() -> None:
                     results[side].append(rate)
                     print(f"round {r} {side:8s}: {rate:6.1f} tokens/s (load {load:.2f})", flush=True)
     finally:
-        busy.kill()
         stop_daemon(daemon)
     g, h = statistics.median(results["governor"]), statistics.median(results["by hand"])
     print(f"{args.streams} streams x {args.tokens} tokens, one core busy: governor {g:.1f} tokens/s "
           f"[{min(results['governor']):.1f} .. {max(results['governor']):.1f}], maxCpuThreads 1 by hand {h:.1f} "
           f"[{min(results['by hand']):.1f} .. {max(results['by hand']):.1f}]; ratio {g / h:.2f}x (target >= 0.9x); "
           f"planned threads {planned}; load {os.getloadavg()}")
-    for line in daemon.process.stderr.read().splitlines():
-        if "thread cap" in line:
-            print("daemon:", line[:200])
-
-
-if __name__ == "__main__":
-    main()
+    capped = [line[:200] for line in daemon.process.stderr.read().splitlines() if "thread cap" in line]
+    for line in capped:
+        print("daemon:", line)
+    return {"streams": args.streams, "tokens": args.tokens, "planned_threads": planned, "tokens_per_s": results,
+            "ratio": g / h, "thread_cap_lines": capped}

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Budget churn: how long generation pauses when the budget keeps changing under live streams.
 
 8 streams decode greedy replies while the budget alternates every --every seconds between two
@@ -21,28 +20,24 @@ Where the reload happens:
            (1 and all cores), so each change rebuilds model and context exactly as a placement
            change does.
 
-    python bench/churn.py [--via auto|daemon|device|engine] [--streams 8] [--tokens 192] [--every 2]
-                          [--reloads 10] [--vram 512M] [--vram-low 0] [--json OUT]
+    python bench/run.py churn [--via auto|daemon|device|engine] [--every 2] [--reloads 10]
+                              [--vram 4G] [--vram-low 24M] [--quick]
+
+(deploy/gpu_check.py calls run() with its own figures.)
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import sys
 import threading
 import time
 from dataclasses import replace
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tests"))
-sys.path.insert(0, str(REPO / "bench"))
-
-from soak import percentile, token_problem  # noqa: E402
+from bench.common import percentile
+from bench.soak import token_problem
 
 MAX_ROUNDS = 20
 PROMPTS = [f"Tell me a long story about a {a} who {b}." for a, b in (
@@ -171,8 +166,8 @@ def churn_device(model: Path, n_streams: int, tokens: int, every_s: float, reloa
 
 def churn_daemon(model: Path, n_streams: int, tokens: int, every_s: float, reloads: int, vram: str,
                  vram_low: str = "0", extra: tuple[str, ...] = ()) -> dict:
-    from conftest import start_daemon, stop_daemon
     from sidecar.api import pb
+    from sidecar.daemon_process import start_daemon, stop_daemon
 
     daemon = start_daemon("--model", str(model), "--parallel", str(n_streams), "--ctx", "1024", "--budget", vram_low, *extra)
     greedy = pb.SamplingParams(temperature=0.0, seed=1)
@@ -270,23 +265,16 @@ def run(model: Path | None = None, via: str = "auto", n_streams: int = 8, tokens
     return result
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", type=Path, default=None, help="GGUF (default: the bundled SmolLM2)")
-    ap.add_argument("--via", choices=("auto", "daemon", "device", "engine"), default="auto")
-    ap.add_argument("--streams", type=int, default=8)
-    ap.add_argument("--tokens", type=int, default=192, help="tokens per reply")
-    ap.add_argument("--every", type=float, default=2.0, help="seconds between budget changes")
-    ap.add_argument("--reloads", type=int, default=10, help="run rounds of streams until this many reloads (at most 20 rounds)")
-    ap.add_argument("--vram", default="512M", help="the budget alternated with --vram-low (daemon, device)")
-    ap.add_argument("--vram-low", default="0", help="the other budget (e.g. 24M on the device: part of it placed)")
-    ap.add_argument("--json", type=Path, default=None)
-    args = ap.parse_args(argv)
-    result = run(args.model, args.via, args.streams, args.tokens, args.every, args.reloads, args.vram, args.vram_low)
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2))
-    return 0 if result["ok"] else 1
+def options(group) -> None:
+    group.add_argument("--via", choices=("auto", "daemon", "device", "engine"), default="auto")
+    group.add_argument("--every", type=float, default=2.0, help="seconds between budget changes")
+    group.add_argument("--reloads", type=int, default=None,
+                       help="run rounds of streams until this many reloads (at most 20 rounds; default 10, 3 with --quick)")
+    # On the RPC device (no GPU here) 4G is all on the device and 24M part of the attention.
+    group.add_argument("--vram", default="4G", help="the budget alternated with --vram-low (daemon, device)")
+    group.add_argument("--vram-low", default="24M", help="the other budget (24M on the device: part of it placed)")
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def scenario(args: argparse.Namespace) -> dict:
+    return run(args.model_path, args.via, tokens=96 if args.quick else 192, every_s=args.every,
+               reloads=args.reloads or (3 if args.quick else 10), vram=args.vram, vram_low=args.vram_low)

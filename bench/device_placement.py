@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Placement on a GPU-type device, planned against measured, per budget.
 
 Loads SmolLM2 (and its MoE, --moe) onto ggml's RPC device (a second process serving this CPU;
@@ -8,27 +7,57 @@ allocated on the device (weights, KV, compute, from its own load report), the su
 device as planned and as placed, and whether the two agree. The planner sees a described GPU
 (the stand-in is its speed; nothing else is).
 
-    python bench/device_placement.py [--budgets 0,24M,48M,96M,4G] [--moe] [--json OUT]
+    python bench/run.py placement [--budgets 0,24M,48M,96M,4G] [--moe]
+
+Fails (exit 1) when a plan and its placement disagree, or llama.cpp allocated past the budget.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO), str(REPO / "tests" / "gpu")]
+from bench.common import ScenarioFailed
 
 MIB = 1 << 20
 
+# load_within and measured_placement are tests/gpu/device_helpers.py's, which imports the test
+# suite's conftest (and so pytest): the two are repeated here rather than imported from there.
+
+
+def load_within(settings, budget):
+    """Load as the daemon does: plan, load, and re-plan while the measured buffers exceed the grant."""
+    import asyncio
+
+    from sidecar.engine import Engine
+    from sidecar.executor import engine_config, load_plan_inputs
+    from sidecar.service.budget_control import BudgetControl
+    from sidecar.service.state import DaemonState, StateHub
+
+    inputs = load_plan_inputs(settings)
+    engine = Engine(engine_config(settings, budget, inputs))
+    control = BudgetControl(engine, budget, lambda b: engine_config(settings, b, inputs),
+                            StateHub(DaemonState(phase="ready", budget=budget, reason="initial")), lambda: None)
+    asyncio.run(control.fit_to_measured())
+    return engine
+
+
+def measured_placement(engine, model) -> dict[str, str]:
+    """unit name -> "GPU0" when llama.cpp put all of its tensors on the device, else "CPU"."""
+    from sidecar.model_info.units import OUTPUT, sub_layers
+
+    report, device = engine.load_report, engine.config.device
+    where = {}
+    for unit in sub_layers(model):
+        devices = {report.tensor_device(t, model.n_layer, output=unit.kind == OUTPUT) for t in unit.tensors}
+        where[unit.name] = "GPU0" if devices == {device} else "CPU"
+    return where
+
 
 def rows_for(model: Path, budgets: list[int]) -> list[dict]:
-    from device_helpers import DEVICE_HARDWARE, load_within, measured_placement
-
     from sidecar.budget import Budget
     from sidecar.executor import load_plan_inputs
+    from sidecar.ggml_rpc import STAND_IN_GPU_HARDWARE as DEVICE_HARDWARE
     from sidecar.settings import Settings
 
     settings = Settings(model=model, ctx=512, parallel=2, threads=1, hardware=DEVICE_HARDWARE)
@@ -68,16 +97,16 @@ def render(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
-def main(argv: list[str] | None = None) -> int:
+def options(group) -> None:
+    group.add_argument("--budgets", default="0,24M,48M,96M,4G")
+    group.add_argument("--moe", action="store_true", help="also the SmolLM2 MoE (generated into a temporary folder)")
+
+
+def scenario(args: argparse.Namespace) -> dict:
     from sidecar.budget import parse_size
     from sidecar.default_model import default_model_path
     from sidecar.ggml_rpc import RpcServerProcess, add_rpc_server
 
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--budgets", default="0,24M,48M,96M,4G")
-    ap.add_argument("--moe", action="store_true", help="also the SmolLM2 MoE (generated into a temporary folder)")
-    ap.add_argument("--json", type=Path)
-    args = ap.parse_args(argv)
     budgets = [parse_size(b) for b in args.budgets.split(",")]
     models = [default_model_path()]
     if args.moe:
@@ -90,10 +119,8 @@ def main(argv: list[str] | None = None) -> int:
         add_rpc_server(server.endpoint)
         rows = [row for m in models for row in rows_for(m, budgets)]
     print(render(rows))
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=2))
-    return 0 if all(r["agree"] and r["measured_total"] <= r["budget"] for r in rows) else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    bad = [r for r in rows if not (r["agree"] and r["measured_total"] <= r["budget"])]
+    if bad:
+        raise ScenarioFailed(f"{len(bad)} of {len(rows)} placements disagree with their plan or exceed the budget",
+                             {"rows": rows})
+    return {"rows": rows}

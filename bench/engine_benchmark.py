@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """The engine against its peers (issue 5), each scenario side by side in one run.
 
   single   one stream's decode tokens/s and time to first token: the daemon, llama-cpp-python
@@ -9,10 +8,9 @@
            (gRPC for the daemon, server-sent events for the peers): the daemon, llama-cpp-python's
            server, llama.cpp's llama-server with as many slots
   session  time to first token of turn 2 of a conversation with a 500-token persona, against turn 1
-  reload   pause of a reload (what a placement-changing budget update costs) with 8 live streams
 
-    python bench/engine_benchmark.py [single batch session reload] [--model PATH | --moe]
-        [--llama-bin DIR] [--repeats 3] [--quick] [--json OUT]
+    python bench/run.py single batch session [--model PATH] [--llama-bin DIR] [--repeats 3] [--quick]
+        [--streams 1,4,16,64]
 
 Medians over repeats, with min and max. Run on an otherwise idle machine: llama.cpp's threads
 spin, so any other process on the same cores distorts every figure.
@@ -22,24 +20,15 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import statistics
-import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tests"))
-sys.path.insert(0, str(REPO / "bench"))
-
-import peers  # noqa: E402
-from measured_profile import profile_flags  # noqa: E402
+from bench import common
+from bench.common import TokenCounter, profile_flags, spread
 
 STORY = "Tell me a long story about a dragon who guards a library."
 PERSONA = (
@@ -55,10 +44,6 @@ PERSONA = (
 )
 
 
-def spread(values: list[float]) -> str:
-    return f"{statistics.median(values):8.1f}  [{min(values):.1f} .. {max(values):.1f}]"
-
-
 def messages(text: str, system: str | None = None) -> list[dict]:
     return ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
 
@@ -71,19 +56,6 @@ TOKEN_COUNTING = (
     "end of the last stream; every round's questions are new to every side (a round tag opens "
     "each), so prompts are prefilled, not served from a cache"
 )
-
-
-class TokenCounter:
-    """Counts the tokens of delivered text with the model's tokenizer (vocabulary only), so the
-    daemon and its peers are counted the same way whatever each reports about itself."""
-
-    def __init__(self, model: Path) -> None:
-        from llama_cpp import Llama
-
-        self._llm = Llama(model_path=str(model), vocab_only=True, verbose=False)
-
-    def __call__(self, text: str) -> int:
-        return len(self._llm.tokenize(text.encode(), add_bos=False, special=False)) if text else 0
 
 
 # -- single stream -----------------------------------------------------------------------------
@@ -139,16 +111,18 @@ def thread_choices() -> list[int]:
     return sorted({1, psutil.cpu_count(logical=False) or 1, psutil.cpu_count() or os.cpu_count() or 1})
 
 
-def scenario_single(model: Path, args, results: dict) -> None:
+def single(args: argparse.Namespace) -> dict:
     """Every side is loaded before the first run and the runs are interleaved, one of each per
     repeat, so drift on this shared machine touches all sides alike. The hand-tuned row is the
     best, by median, of every setting a person would try (threads x flash attention)."""
-    from conftest import start_daemon, stop_daemon
     from llama_cpp import Llama
 
-    tokens = 32 if getattr(args, "quick", False) else 128
+    from sidecar.daemon_process import start_daemon, stop_daemon
+
+    model = args.model_path
+    tokens = 32 if args.quick else 128
     print(f"\n== single stream decode and time to first token, {tokens} tokens, {args.repeats} repeats, runs interleaved ==")
-    bench_bin = peers.find_llama_binary("llama-bench", args.llama_bin and args.llama_bin / "llama-bench")
+    bench_bin = common.find_llama_binary("llama-bench", args.llama_bin)
     if not bench_bin:
         print("llama-bench not found (PATH, $LLAMA_CPP_BIN or --llama-bin): skipped")
     llms = {"Llama() defaults": Llama(model_path=str(model), verbose=False)}
@@ -169,7 +143,7 @@ def scenario_single(model: Path, args, results: dict) -> None:
                 for name, llm in llms.items():
                     runs[name].append(llama_decode(llm, tokens, i))
                 if bench_bin:
-                    for t, tg in peers.llama_bench_tg(bench_bin, model, thread_choices(), tokens, 1).items():
+                    for t, tg in common.llama_bench_tg(bench_bin, model, thread_choices(), tokens, 1).items():
                         bench_tg.setdefault(t, []).append(tg)
     finally:
         stop_daemon(daemon)
@@ -207,7 +181,7 @@ def scenario_single(model: Path, args, results: dict) -> None:
         print("llama-bench / defaults %.2fx: llama.cpp's own decode loop (no sampling, no streaming) at its best threads, "
               "against which 1.3x would have to be reached" % ratios["llama_bench_vs_defaults"])
     print("first token: daemon / defaults %.2fx (lower is better); the daemon's figure includes gRPC" % ratios["ttft_vs_defaults"])
-    results["single"] = {"tokens": tokens, "interleaved": True, "rows": rows, "ttft_ms": ttft, "ratios": ratios}
+    return {"tokens": tokens, "interleaved": True, "rows": rows, "ttft_ms": ttft, "ratios": ratios}
 
 
 # -- batch ----------------------------------------------------------------------------------------
@@ -239,12 +213,12 @@ class Round:
 
 def aggregate(send, n_streams: int, max_tokens: int, count, tag: str = "") -> Round:
     """n_streams streamed requests in flight at once; `send(question, max_tokens)` returns a
-    peers.Streamed. Tokens are counted from the delivered text by `count`, for every side.
+    common.Streamed. Tokens are counted from the delivered text by `count`, for every side.
 
     `tag` opens every question of the round ("[tag] Tell me a long story..."): with a new tag per
     round no side can serve a round from the cache of an earlier one, while the chat template's
     opening stays shared, as NPCs share a system prompt."""
-    replies: list[peers.Streamed | None] = [None] * n_streams
+    replies: list[common.Streamed | None] = [None] * n_streams
     errors: list[BaseException] = []
 
     def one(i: int) -> None:
@@ -270,7 +244,7 @@ def aggregate(send, n_streams: int, max_tokens: int, count, tag: str = "") -> Ro
                  None if None in reported else sum(reported), decode)
 
 
-def _daemon_stream(client, question: str, max_tokens: int) -> peers.Streamed:
+def _daemon_stream(client, question: str, max_tokens: int) -> common.Streamed:
     from sidecar.api import pb
 
     req = pb.GenerateRequest(messages=pb.ChatMessages(messages=[pb.ChatMessage(role="user", content=question)]),
@@ -287,20 +261,24 @@ def _daemon_stream(client, question: str, max_tokens: int) -> peers.Streamed:
         if chunk.HasField("final"):
             produced = chunk.final.usage.completion_tokens
     ended = time.perf_counter()
-    return peers.Streamed("".join(parts), (first or ended) - started, ended - started, chunks, produced)
+    return common.Streamed("".join(parts), (first or ended) - started, ended - started, chunks, produced)
 
 
-def scenario_batch(model: Path, args, results: dict) -> None:
+def batch_options(group) -> None:
+    group.add_argument("--streams", type=lambda s: tuple(int(n) for n in s.split(",")), default=None,
+                       help="concurrent stream counts, e.g. 1,4 (default 1,4,16,64)")
+
+
+def batch(args: argparse.Namespace) -> dict:
     """Every side is started before the first round and the rounds are interleaved (each repeat
     runs every side at every stream count, in an order that rotates), so a slow spell on this
     shared machine lands on all sides alike instead of on whichever ran then. Idle servers sleep:
     llama.cpp's threads spin only while a graph computes."""
-    from conftest import start_daemon, stop_daemon
-    from openai_http_support import http_base
+    from sidecar.daemon_process import start_daemon, stop_daemon
     from sidecar.settings import Settings
 
-    quick = getattr(args, "quick", False)
-    max_tokens, streams = (16 if quick else 64), (getattr(args, "streams", None) or BATCH_STREAMS)
+    model = args.model_path
+    max_tokens, streams = (16 if args.quick else 64), (args.streams or BATCH_STREAMS)
     threads = Settings().cpu_threads()
     count = TokenCounter(model)
     print(f"\n== aggregate tokens/s, {max_tokens} tokens per conversation, {threads} threads, all sides streamed, rounds interleaved ==")
@@ -314,22 +292,23 @@ def scenario_batch(model: Path, args, results: dict) -> None:
         stack.callback(stop_daemon, daemon)
         print(f"   daemon profile: {next((e.get('profile') for e in daemon.log_lines if e.get('event') == 'ready'), None)}")
         client = stack.enter_context(daemon.client(timeout_s=600))
-        senders: dict[str, dict[int, Callable[[str, int], peers.Streamed]]] = {
+        senders: dict[str, dict[int, Callable[[str, int], common.Streamed]]] = {
             "daemon": {n: (lambda q, k: _daemon_stream(client, q, k)) for n in streams}}
         # The same daemon through its OpenAI-compatible API, read with the same client code as
         # the HTTP peers: the two HTTP servers compared on one client.
-        daemon_http = peers.HttpPeer("daemon HTTP", daemon.process, http_base(daemon),
+        listening = next(e for e in reversed(daemon.log_lines) if e.get("event") == "listening")
+        daemon_http = common.HttpPeer("daemon HTTP", daemon.process, listening["http_address"],
                                      headers={"Authorization": f"Bearer {daemon.token}"})
         senders[DAEMON_HTTP] = {n: _http_sender(daemon_http, http) for n in streams}
-        # One sequence, so concurrent requests queue (interrupt_requests off: see peers.py).
-        cpp_python = peers.start_llama_cpp_python_server(model, threads, 2048)
+        # One sequence, so concurrent requests queue (interrupt_requests off: see common.py).
+        cpp_python = common.start_llama_cpp_python_server(model, threads, 2048)
         stack.callback(cpp_python.stop)
         senders["llama-cpp-python server"] = {n: _http_sender(cpp_python, http) for n in streams}
-        server_bin = peers.find_llama_binary("llama-server", args.llama_bin and args.llama_bin / "llama-server")
+        server_bin = common.find_llama_binary("llama-server", args.llama_bin)
         if server_bin:
             per_n = {}
             for n in streams:  # as many slots as streams, as the issue asks
-                server = peers.start_llama_server(server_bin, model, threads, n, BATCH_CTX)
+                server = common.start_llama_server(server_bin, model, threads, n, BATCH_CTX)
                 stack.callback(server.stop)
                 per_n[n] = _http_sender(server, http)
             senders["llama-server (slots = streams)"] = per_n
@@ -389,7 +368,7 @@ def scenario_batch(model: Path, args, results: dict) -> None:
               + "   (target >= 1.0x, same client, same requests)")
     if "vs_llama_server_1" in ratios:
         print("daemon / llama-server: " + ", ".join(f"{n} streams {ratios[f'vs_llama_server_{n}']:.2f}x" for n in streams) + "   (target >= 1.0x)")
-    results["batch"] = {
+    return {
         "max_tokens": max_tokens, "threads": threads, "token_counting": TOKEN_COUNTING, "interleaved": True,
         "table": {k: {str(n): [r.tokens_per_s for r in rounds] for n, rounds in row.items()} for k, row in table.items()},
         "ttft_ms": {k: {str(n): [r.ttft_ms for r in rounds] for n, rounds in row.items()} for k, row in table.items()},
@@ -401,17 +380,18 @@ def scenario_batch(model: Path, args, results: dict) -> None:
     }
 
 
-def _http_sender(peer: peers.HttpPeer, http) -> Callable[[str, int], peers.Streamed]:
+def _http_sender(peer: common.HttpPeer, http) -> Callable[[str, int], common.Streamed]:
     return lambda q, k: peer.chat_stream(http, messages(q), k)
 
 
 # -- session --------------------------------------------------------------------------------------
 
 
-def scenario_session(model: Path, args, results: dict) -> None:
-    from conftest import start_daemon, stop_daemon
+def session(args: argparse.Namespace) -> dict:
     from sidecar.api import pb
+    from sidecar.daemon_process import start_daemon, stop_daemon
 
+    model = args.model_path
     print("\n== time to first token: turn 2 of a session with a ~500-token persona, against turn 1 ==")
     daemon = start_daemon("--model", str(model), *profile_flags())
     t1, t2, prompt_tokens = [], [], 0
@@ -436,78 +416,4 @@ def scenario_session(model: Path, args, results: dict) -> None:
     print(f"turn 1 ({prompt_tokens} prompt tokens)  {spread(t1)} ms")
     print(f"turn 2                         {spread(t2)} ms")
     print(f"turn 2 / turn 1: {ratio:.2f}x (target 0.2x)")
-    results["session"] = {"turn1_ms": t1, "turn2_ms": t2, "persona_prompt_tokens": prompt_tokens, "ratio": ratio}
-
-
-# -- reload ---------------------------------------------------------------------------------------
-
-
-def scenario_reload(model: Path, args, results: dict) -> None:
-    from sidecar.engine import Engine, EngineConfig, GenerationSpec, Prompt, SamplingConfig, TextDelta
-    from sidecar.settings import Settings
-
-    print("\n== reload with 8 live streams (engine in-process) ==")
-    threads = Settings().cpu_threads()
-    engine = Engine(EngineConfig(model_path=model, n_ctx=1024, n_seq=8, threads_decode=threads, threads_prefill=threads))
-    pauses, gaps = [], []
-    try:
-        for r in range(args.repeats):
-            arrivals: list[list[float]] = [[] for _ in range(8)]
-            done = [threading.Event() for _ in range(8)]
-            for i in range(8):
-                def sink(ev, i=i):
-                    if isinstance(ev, TextDelta):
-                        arrivals[i].append(time.perf_counter())
-                    else:
-                        done[i].set()
-                engine.submit(GenerationSpec(prompt=Prompt(messages=(("user", QUESTIONS[i]),)), sampling=SamplingConfig(temperature=0.0),
-                                             max_tokens=120, session_id=f"npc-{r}-{i}"), sink)
-            while min(len(a) for a in arrivals) < 10:
-                time.sleep(0.005)
-            pauses.append(engine.reload(engine.config, force=True).result(120)[1])
-            for d in done:
-                d.wait(300)
-            gaps.append(max(b - a for arr in arrivals for a, b in zip(arr, arr[1:])) * 1000)
-            for i in range(8):
-                engine.end_session(f"npc-{r}-{i}")
-    finally:
-        engine.close()
-    print(f"reload pause (engine)        {spread(pauses)} ms")
-    print(f"longest gap seen by a stream {spread(gaps)} ms")
-    results["reload"] = {"pause_ms": pauses, "max_gap_ms": gaps}
-
-
-SCENARIOS = {"single": scenario_single, "batch": scenario_batch, "session": scenario_session, "reload": scenario_reload}
-
-
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("scenarios", nargs="*", choices=[*SCENARIOS, []], default=[])
-    ap.add_argument("--model", type=Path, default=None)
-    ap.add_argument("--moe", action="store_true", help="use the MoE made from SmolLM2 (generated on the fly)")
-    ap.add_argument("--llama-bin", type=Path, default=None, help="folder with llama-bench and llama-server")
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--quick", action="store_true", help="shorter replies (a smoke run, not a measurement)")
-    ap.add_argument("--json", type=Path, default=None)
-    args = ap.parse_args()
-
-    from sidecar.default_model import default_model_path
-
-    tmp = tempfile.TemporaryDirectory()
-    model = args.model or default_model_path()
-    if args.moe:
-        from sidecar.testmodels import write_smollm2_moe
-
-        model = write_smollm2_moe(Path(tmp.name) / "smollm2-moe.gguf")
-    print(f"model: {model.name}")
-    results: dict = {"model": model.name}
-    for name in args.scenarios or list(SCENARIOS):
-        SCENARIOS[name](model, args, results)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(results, indent=2))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return {"turn1_ms": t1, "turn2_ms": t2, "persona_prompt_tokens": prompt_tokens, "ratio": ratio}

@@ -1,9 +1,8 @@
-#!/usr/bin/env python3
 """A long-lived NPC (issue 17, 2): one session driven for many turns of ~200 tokens each on the
 default context, through the daemon. Every turn must be answered; prints per-turn prompt, cached
 and dropped figures and the time to first token.
 
-    python bench/npc_evening.py [--turns 50] [--reply-tokens 24]
+    python bench/run.py evening [--turns 50] [--reply-tokens 24]
 """
 
 from __future__ import annotations
@@ -11,12 +10,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
-from pathlib import Path
-
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tests"))
 
 PERSONA = "You are Brom, a gruff dwarven blacksmith in the town of Oakheart. Stay in character."
 # About 200 tokens with SmolLM2's tokenizer (checked below against usage).
@@ -24,16 +17,18 @@ LINE = ("I walked past the old mill by the river this morning and saw the miller
         "arguing with a stranger in a grey cloak about the harvest festival and a missing cart. ")
 
 
-def main() -> None:
+def options(group) -> None:
+    group.add_argument("--turns", type=int, default=None, help="default 50; 5 with --quick")
+    group.add_argument("--reply-tokens", type=int, default=24)
+
+
+def scenario(args: argparse.Namespace) -> dict:
     import grpc
 
-    from conftest import start_daemon, stop_daemon
     from sidecar.api import pb
+    from sidecar.daemon_process import start_daemon, stop_daemon
 
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--turns", type=int, default=50)
-    ap.add_argument("--reply-tokens", type=int, default=24)
-    args = ap.parse_args()
+    args.turns = args.turns or (5 if args.quick else 50)
     daemon = start_daemon("--stream-interval-ms", "33")
     answered = failed = 0
     new_tokens, ttft, dropped = [], [], 0
@@ -65,7 +60,5 @@ def main() -> None:
           f"{dropped} turns dropped in all; tokens computed per turn median {statistics.median(new_tokens):.0f}, "
           f"max {max(new_tokens)}; time to first token median {statistics.median(ttft):.0f} ms, max {max(ttft):.0f} ms; "
           f"load {os.getloadavg()}")
-
-
-if __name__ == "__main__":
-    main()
+    return {"turns": args.turns, "context": ctx, "answered": answered, "failed": failed, "turns_dropped": dropped,
+            "tokens_computed": new_tokens, "ttft_ms": ttft}

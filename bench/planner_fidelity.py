@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """How well does the planner predict, and how good are its choices? (issue 4's measures)
 
 On this machine, with SmolLM2-135M and its MoE variant, real llama.cpp forward passes are timed
@@ -20,24 +19,21 @@ The share of the CPUs other processes took is printed: on a shared machine it, n
 dominates the error. --fresh-profile profiles first (quick plan) so the profile and the
 measurements see the same conditions.
 
-    python bench/planner_fidelity.py [--rounds 7] [--context 64] [--models smollm2,smollm2_moe]
-                                     [--profile PATH | --fresh-profile] [--json OUT]
+    python bench/run.py planner [--repeats 3] [--context 64] [--models smollm2,smollm2_moe]
+                                [--profile PATH | --fresh-profile]
+
+(rounds: --repeats, at least 3; the scenario then runs budget_sweep.py's measures)
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 
 DECODE_TIERS = (1, 4, 16)
 PREFILL_TIERS = (64, 512)
@@ -257,32 +253,42 @@ def load_hw(args: argparse.Namespace):
     return hardware_from_profile(db), path, db
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", default="smollm2,smollm2_moe")
-    parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--context", type=int, default=64, help="cached tokens per sequence in decode passes")
-    parser.add_argument("--profile", type=Path, help="profile file (default: this machine's)")
-    parser.add_argument("--fresh-profile", action="store_true", help="profile this machine first (quick)")
-    parser.add_argument("--quiet", type=float, default=0.1,
-                        help="a round counts as quiet when other processes use less than this CPU share")
-    parser.add_argument("--max-wait", type=float, default=60.0, help="seconds to wait for quiet before a round")
-    parser.add_argument("--json", type=Path, help="write every point here")
-    parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "xlm-planner-bench")
-    args = parser.parse_args(argv)
-    args.workdir.mkdir(parents=True, exist_ok=True)
+def options(group) -> None:
+    group.add_argument("--models", default=None, help="smollm2, smollm2_moe (default both; smollm2 with --quick)")
+    group.add_argument("--context", type=int, default=64, help="cached tokens per sequence in decode passes")
+    group.add_argument("--profile", type=Path, help="profile file (default: this machine's)")
+    group.add_argument("--fresh-profile", action="store_true", help="profile this machine first (quick)")
+    group.add_argument("--quiet", type=float, default=0.1,
+                       help="a round counts as quiet when other processes use less than this CPU share")
+    group.add_argument("--max-wait", type=float, default=None,
+                       help="seconds to wait for quiet before a round (default 60; 5 with --quick)")
+    group.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "xlm-planner-bench")
 
+
+def scenario(args: argparse.Namespace) -> dict:
+    """Fidelity and decision quality over max(3, --repeats) rounds, then the budget sweep."""
+    from bench import budget_sweep
+
+    args.models = args.models or ("smollm2" if args.quick else "smollm2,smollm2_moe")
+    args.max_wait = args.max_wait if args.max_wait is not None else 5.0 if args.quick else 60.0
+    args.rounds = max(3, args.repeats)
+    fidelity = measure_fidelity(args)
+    sweep = budget_sweep.run(args.model_path, tokens=32 if args.quick else 64, repeats=args.repeats)
+    return {"fidelity": fidelity, "budget_sweep": sweep}
+
+
+def measure_fidelity(args: argparse.Namespace) -> dict:
+    """Prints the fidelity and decision-quality tables; returns every point and decision."""
     from sidecar.budget import Budget
     from sidecar.model_info import inspect_gguf
     from sidecar.planner import PlanOptions, plan
     from sidecar.profiler.llama_runtime import quiet_llama_logs
 
+    args.workdir.mkdir(parents=True, exist_ok=True)
     try:
         hw, profile_path, db = load_hw(args)
     except FileNotFoundError as exc:
-        print(f"no profile ({exc}): run `python -m sidecar.profiler profile --quick` or pass --fresh-profile",
-              file=sys.stderr)
-        return 1
+        raise RuntimeError(f"no profile ({exc}): run `python -m sidecar.profiler profile --quick` or pass --fresh-profile") from exc
     cores = os.cpu_count() or 1
     threads = tuple(sorted({1, cores}))
     contention = getattr(db, "contention", None)
@@ -355,15 +361,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"within 5% of the best: {within} of {len(decisions)} tiers; worst loss {worst:.1%}, "
           f"median {statistics.median(d['loss'] for d in decisions):.1%}")
     print(f"load average at end: {os.getloadavg()[0]:.2f}")
-    if args.json:
-        args.json.write_text(json.dumps({
-            "profile": str(profile_path), "other_cpu_share": shares,
-            "points": [{"model": p.model, **asdict(p.config), "measured_ms": p.measured_ms,
-                        "predicted_ms": p.predicted_ms, "error": p.error} for p in points],
-            "decisions": decisions, "median_abs_error": mae, "worst_decision_loss": worst,
-        }, indent=2))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return {
+        "profile": str(profile_path), "other_cpu_share": shares,
+        "points": [{"model": p.model, **asdict(p.config), "measured_ms": p.measured_ms,
+                    "predicted_ms": p.predicted_ms, "error": p.error} for p in points],
+        "decisions": decisions, "median_abs_error": mae, "worst_decision_loss": worst,
+    }

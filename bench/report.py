@@ -7,6 +7,7 @@ the plots, the machine the figures come from and the commands that produced them
 
     python bench/report.py [--json-dir bench/results] [--out-dir docs/perf] [--readme README.md]
                            [--stdout]
+    python -m bench.report ...          (the same, from the repository's root)
 
 --stdout prints the section instead of writing the README (the PNGs are written either way).
 """
@@ -21,12 +22,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parent
-REPO = BENCH.parent
-sys.path.insert(0, str(BENCH))
-
 BEGIN, END = "<!-- perf:begin -->", "<!-- perf:end -->"
-ORDER = ("single", "batch", "roofline", "planner", "vision", "churn", "session", "village")
 MIB = 1 << 20
 
 
@@ -56,14 +52,15 @@ def load_latest(json_dir: Path) -> dict[str, dict]:
 # -- formatting -----------------------------------------------------------------------------------
 
 
-def spread(values: list[float], digits: int = 1) -> str:
-    """'median [min .. max]', or the single value."""
+def cell(values: list[float], digits: int = 1) -> str:
+    """A table cell: 'median [min .. max]', the single value, or '-' for none."""
+    from bench.common import spread
+
     if not values:
         return "-"
-    med = statistics.median(values)
     if len(values) == 1:
-        return f"{med:.{digits}f}"
-    return f"{med:.{digits}f} [{min(values):.{digits}f} .. {max(values):.{digits}f}]"
+        return f"{statistics.median(values):.{digits}f}"
+    return spread(values, f".{digits}f", sep=" ")
 
 
 def table(header: list[str], rows: list[list[str]]) -> str:
@@ -95,7 +92,7 @@ def _errbars(values_per_x: list[list[float]]) -> tuple[list[float], list[list[fl
 
 def section_single(res: dict, out: Path, rel: str) -> str:
     ttft = res.get("ttft_ms", {})
-    rows = [[name, spread(v), spread(ttft[name], 0) if name in ttft else "n/a"] for name, v in res["rows"].items()]
+    rows = [[name, cell(v), cell(ttft[name], 0) if name in ttft else "n/a"] for name, v in res["rows"].items()]
     r = res["ratios"]
     text = [table(["side", "decode tokens/s", "time to first token (ms)"], rows), "",
             f"Daemon / Llama() defaults: **{r['vs_defaults']:.2f}x** decode (target 1.3x); / hand-tuned "
@@ -124,7 +121,7 @@ def section_single(res: dict, out: Path, rel: str) -> str:
 def section_batch(res: dict, out: Path, rel: str) -> str:
     sides = list(res["table"])
     streams = sorted({int(n) for row in res["table"].values() for n in row})
-    rows = [[side] + [spread(res["table"][side].get(str(n), [])) for n in streams] for side in sides]
+    rows = [[side] + [cell(res["table"][side].get(str(n), [])) for n in streams] for side in sides]
 
     def label(n: int) -> str:
         return f"{n} stream" + ("s" if n != 1 else "")
@@ -167,12 +164,12 @@ def section_batch(res: dict, out: Path, rel: str) -> str:
 
 def section_roofline(res: dict, out: Path, rel: str) -> str:
     t = res["traffic"]
-    rows = [["decode (daemon, one stream)", spread(res["decode_tokens_per_s"]) + " tokens/s"],
+    rows = [["decode (daemon, one stream)", cell(res["decode_tokens_per_s"]) + " tokens/s"],
             ["bytes read per token", f"{t['total'] / 1e6:.1f} MB (weights {t['weight_bytes'] / 1e6:.1f} MB, KV "
                                      f"{t['kv_bytes'] / 1e6:.2f} MB at a mean context of {t['mean_context']:.0f}, {res.get('kv_type', 'F16')})"],
-            ["achieved", spread(res["achieved_gbps"], 2) + " GB/s"],
+            ["achieved", cell(res["achieved_gbps"], 2) + " GB/s"],
             ["measured DRAM read bandwidth", f"{res['dram_gbps']:.1f} GB/s (profile)"],
-            ["achieved / DRAM", spread(res["ratio"], 2)]]
+            ["achieved / DRAM", cell(res["ratio"], 2)]]
     return table(["", ""], rows)
 
 
@@ -214,7 +211,7 @@ def section_planner(res: dict, out: Path, rel: str) -> str:
     sweep = res.get("budget_sweep")
     if sweep and sweep.get("points"):
         pts = sweep["points"]
-        rows = [[f"{p['vram_bytes'] / MIB:.0f} MiB", str(p["max_cpu_threads"]), spread(p["measured_tokens_per_s"]),
+        rows = [[f"{p['vram_bytes'] / MIB:.0f} MiB", str(p["max_cpu_threads"]), cell(p["measured_tokens_per_s"]),
                  f"{p['predicted_tokens_per_s']:.1f}"] for p in pts]
         text += ["", "Decode tokens/s against the budget (one stream, through the daemon) beside the planner's prediction:", "",
                  table(["VRAM budget", "thread cap", "measured tokens/s", "predicted"], rows)]
@@ -295,8 +292,8 @@ def section_churn(res: dict, out: Path, rel: str) -> str:
 
 
 def section_session(res: dict, out: Path, rel: str) -> str:
-    rows = [[f"turn 1 ({res.get('persona_prompt_tokens', '?')} prompt tokens)", spread(res["turn1_ms"], 0)],
-            ["turn 2 (same session)", spread(res["turn2_ms"], 0)],
+    rows = [[f"turn 1 ({res.get('persona_prompt_tokens', '?')} prompt tokens)", cell(res["turn1_ms"], 0)],
+            ["turn 2 (same session)", cell(res["turn2_ms"], 0)],
             ["turn 2 / turn 1", f"{res['ratio']:.2f}x (target 0.2x)"]]
     return table(["time to first token", "ms"], rows)
 
@@ -312,7 +309,7 @@ def section_village(res: dict, out: Path, rel: str) -> str:
             cells = []
             for key, _ in keys:
                 values = [r[key] for r in waves[wave] if r.get(key) is not None]
-                cells.append(spread(values, 0) if values else "n/a")
+                cells.append(cell(values, 0) if values else "n/a")
             rows.append([side, *cells])
         parts.append(f"{title}:\n\n" + table(["side", *(label for _, label in keys)], rows))
     r, s = res["ratios"], res["sizes"]
@@ -347,7 +344,8 @@ SECTIONS: dict[str, tuple[str, Callable[[dict, Path, str], str]]] = {
 
 def render(records: dict[str, dict], out_dir: Path, rel: str) -> str:
     """The Markdown between the markers; writes the plots into out_dir."""
-    from machine import machine_line
+    from bench.common import machine_line
+    from bench.run import SUITE
 
     out_dir.mkdir(parents=True, exist_ok=True)
     parts: list[str] = []
@@ -369,7 +367,7 @@ def render(records: dict[str, dict], out_dir: Path, rel: str) -> str:
         parts.append(f"- load average (1 min) as the runs started: {span} "
                      "(other work on the same cores distorts every figure)")
     parts.append("\nFigures are medians over the repeats, with [min .. max].")
-    for name in ORDER:
+    for name in SUITE:
         title, render_one = SECTIONS[name]
         rec = records.get(name)
         parts.append(f"\n### {title}\n")
@@ -394,8 +392,10 @@ def replace_section(readme: str, body: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from bench.common import REPO, RESULTS
+
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--json-dir", type=Path, default=BENCH / "results")
+    ap.add_argument("--json-dir", type=Path, default=RESULTS)
     ap.add_argument("--out-dir", type=Path, default=REPO / "docs" / "perf")
     ap.add_argument("--readme", type=Path, default=REPO / "README.md")
     ap.add_argument("--stdout", action="store_true", help="print the section instead of writing it into the README")
@@ -417,4 +417,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    if __spec__ is None:  # run by path: bench/ is first on sys.path, so run.py is found as `run`
+        from run import load_package
+
+        load_package()
     sys.exit(main())

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Decode against this machine's memory-bandwidth roofline.
 
 A single decode step reads every weight it uses once (batching would share that read: one stream
@@ -13,7 +12,7 @@ sub-layer's `bytes_read(1)` (the embedding reads one row, routed experts only th
 picks, everything else all of its weights) plus, per layer, the F16 KV cache (the engine does not
 set a KV type, so llama.cpp's F16 default) of the mean context over the decode.
 
-    python bench/roofline.py [--model PATH] [--tokens 128] [--repeats 3] [--profile PATH] [--json OUT]
+    python bench/run.py roofline [--model PATH] [--repeats 3] [--quick]
 
 Caches, not DRAM, hold a 135M model's hot pieces on some machines: a ratio above 1.0 means the
 model is small enough to be served partly from cache, not a measurement error.
@@ -22,15 +21,11 @@ model is small enough to be served partly from cache, not a measurement error.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tests"))
+from bench.common import spread
 
 PROMPT = "Tell me a long story about a dragon who guards a library."
 KV_TYPE = "F16"
@@ -78,8 +73,8 @@ def measured_dram_gbps(profile: Path | None) -> tuple[float, str]:
 def decode_runs(model: Path, tokens: int, repeats: int) -> tuple[list[float], list[int]]:
     """Daemon decode tokens/s (its own timing, first token excluded) and prompt tokens, per run:
     one greedy stream of `tokens` tokens, a fresh opening line each run so no cache is reused."""
-    from conftest import start_daemon, stop_daemon
     from sidecar.api import pb
+    from sidecar.daemon_process import start_daemon, stop_daemon
 
     rates, prompts = [], []
     daemon = start_daemon("--model", str(model))
@@ -119,10 +114,6 @@ def run(model: Path | None = None, tokens: int = 128, repeats: int = 3, profile:
     achieved = [a for a, _ in per_run]
     ratios = [x for _, x in per_run]
 
-    def spread(values: list[float], fmt: str) -> str:
-        inner = fmt.lstrip("0123456789")
-        return f"{format(statistics.median(values), fmt)}  [{format(min(values), inner)} .. {format(max(values), inner)}]"
-
     print(f"bytes read per token        {traffic.total / 1e6:8.1f} MB  (weights {traffic.weight_bytes / 1e6:.1f} MB, "
           f"KV {traffic.kv_bytes / 1e6:.2f} MB at a mean context of {traffic.mean_context:.0f} tokens, {KV_TYPE})")
     print(f"decode (daemon)             {spread(rates, '8.1f')} tok/s")
@@ -136,23 +127,8 @@ def run(model: Path | None = None, tokens: int = 128, repeats: int = 3, profile:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", type=Path, default=None, help="GGUF (default: the bundled SmolLM2)")
-    ap.add_argument("--tokens", type=int, default=128)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--profile", type=Path, default=None, help="profile file (default: this machine's)")
-    ap.add_argument("--json", type=Path, default=None)
-    args = ap.parse_args(argv)
+def scenario(args: argparse.Namespace) -> dict:
     try:
-        result = run(args.model, args.tokens, args.repeats, args.profile)
+        return run(args.model_path, tokens=32 if args.quick else 128, repeats=args.repeats)
     except FileNotFoundError as e:
-        print(f"no profile of this machine ({e}): run `xlm-sidecar profile --quick` first", file=sys.stderr)
-        return 1
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+        raise RuntimeError(f"no profile of this machine ({e}): run `xlm-sidecar profile --quick` first") from e

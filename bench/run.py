@@ -1,31 +1,15 @@
 #!/usr/bin/env python3
-"""xlm-sidecar's benchmarks, one scenario or all, each side by side with its peers in one run.
+"""xlm-sidecar's benchmarks, one scenario or several, each side by side with its peers in one run.
 
     python bench/run.py SCENARIO [SCENARIO ...] [--repeats N] [--json-dir DIR] [--quick]
-                        [--model PATH] [--llama-bin DIR]
-
-Scenarios:
-  single    one stream: decode tokens/s and time to first token; the daemon against llama-cpp-
-            python Llama() with defaults and hand-tuned, and llama.cpp's llama-bench (if found)
-  batch     aggregate tokens/s at 1, 4, 16 and 64 concurrent conversations, all streamed: the
-            daemon against llama-cpp-python's server and llama-server (if found)
-  roofline  single-stream decode x bytes read per token, over the DRAM bandwidth the profiler
-            measured on this machine
-  planner   planner fidelity (predicted against measured pass times) and decision quality
-            (against an exhaustive sweep), and decode tokens/s against the budget, measured
-            through the daemon beside the planner's prediction
-  vision    screenshot questions: peak memory and latency by resolution with and without
-            VLMOpt (slow: about a minute per encode on 2 cores)
-  churn     reload pauses while the budget keeps changing under 8 live streams
-  session   time to first token of turn 2 of a session against turn 1
-  village   16 NPCs at once sharing a 1,000-token world prompt, then follow-ups in their
-            sessions: the daemon with and without its prefix cache, and llama-server (if found)
-  all       every scenario above, in that order
+                        [--model PATH] [--llama-bin DIR] [the scenarios' own options]
+    python -m bench.run ...                       (the same, from the repository's root)
+    python bench/run.py SCENARIO --help           (with that scenario's own options)
 
 Each scenario prints its table (medians over --repeats, [min .. max]) and writes one JSON to
 --json-dir (default bench/results/, not committed) with the commit, the machine, the command
 line and the time, for comparing commits. `python bench/report.py` turns the newest result of
-each scenario into the README's performance section and the PNGs in docs/perf/.
+each scenario of the suite into the README's performance section and the PNGs in docs/perf/.
 
 Measure on an otherwise idle machine: llama.cpp's threads spin, so any other process on the same
 cores distorts every figure. --quick shrinks every scenario to a smoke run (not a measurement).
@@ -36,163 +20,137 @@ A llama.cpp build with llama-bench and llama-server is found on PATH, in $LLAMA_
 from __future__ import annotations
 
 import argparse
-import json
-import shlex
-import subprocess
+import importlib
+import importlib.util
 import sys
-import tempfile
 import time
 import traceback
-from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parent
-REPO = BENCH.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tests"))
-sys.path.insert(0, str(BENCH))
 
-DEFAULT_JSON_DIR = BENCH / "results"
-
-
-def _engine_scenario(name: str) -> Callable[[argparse.Namespace], dict]:
-    def scenario(args: argparse.Namespace) -> dict:
-        import engine_benchmark
-
-        results: dict = {}
-        engine_benchmark.SCENARIOS[name](args.model_path, args, results)
-        return results[name]
-    return scenario
+@dataclass(frozen=True)
+class Scenario:
+    about: str  # one line: --help lists it, bench/README.md's tables say the same
+    run: str  # "module:function" in bench/; function(args) -> the results dict
+    options: str | None = None  # "module:function" adding the scenario's own options to a group
+    suite: bool = True  # in `all` and in report.py's section; the others are run one at a time
+    repeats: int | None = 3  # --repeats when not given (1 with --quick); None: it has none
 
 
-def scenario_roofline(args: argparse.Namespace) -> dict:
-    import roofline
-
-    return roofline.run(args.model_path, tokens=32 if args.quick else 128, repeats=args.repeats)
-
-
-def scenario_planner(args: argparse.Namespace) -> dict:
-    import budget_sweep
-    import planner_fidelity
-
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "fidelity.json"
-        argv = ["--json", str(out), "--rounds", str(max(3, args.repeats))]
-        if args.quick:
-            argv += ["--models", "smollm2", "--max-wait", "5"]
-        code = planner_fidelity.main(argv)
-        if code != 0:
-            raise RuntimeError(f"planner_fidelity.py exited with {code}")
-        fidelity = json.loads(out.read_text())
-    sweep = budget_sweep.run(args.model_path, tokens=32 if args.quick else 64, repeats=args.repeats)
-    return {"fidelity": fidelity, "budget_sweep": sweep}
-
-
-def scenario_vision(args: argparse.Namespace) -> dict:
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "vision.json"
-        cmd = [sys.executable, str(BENCH / "vision_benchmark.py"), "--json", str(out)]
-        if args.quick:
-            cmd += ["--resolutions", "480p", "--layers", "4"]
-        subprocess.run(cmd, check=True)
-        return json.loads(out.read_text())
-
-
-def scenario_village(args: argparse.Namespace) -> dict:
-    import village
-
-    results: dict = {}
-    village.run(args.model_path, args, results)
-    return results["village"]
-
-
-def scenario_churn(args: argparse.Namespace) -> dict:
-    import churn
-
-    # On the RPC device (no GPU here) "4G" is all on the device and 24M part of the attention.
-    return churn.run(args.model_path, tokens=96 if args.quick else 192, reloads=3 if args.quick else 10,
-                     vram="4G", vram_low="24M")
-
-
-# name -> (what it measures, how to run it); `all` runs them in this order.
-SCENARIOS: dict[str, tuple[str, Callable[[argparse.Namespace], dict]]] = {
-    "single": ("single-stream decode and time to first token against Llama() and llama-bench", _engine_scenario("single")),
-    "batch": ("aggregate tokens/s at 1/4/16/64 streams against llama-cpp-python's server and llama-server", _engine_scenario("batch")),
-    "roofline": ("decode bytes/s over this machine's measured DRAM bandwidth", scenario_roofline),
-    "planner": ("planner fidelity, decision quality, tokens/s against budget", scenario_planner),
-    "vision": ("peak memory and latency by resolution with and without VLMOpt (slow)", scenario_vision),
-    "churn": ("reload pauses under budget changes with 8 live streams", scenario_churn),
-    "session": ("time to first token of a session's turn 2 against turn 1", _engine_scenario("session")),
-    "village": ("16 NPCs at once sharing a world prompt, with and without the prefix cache, and llama-server", scenario_village),
+SCENARIOS: dict[str, Scenario] = {
+    # The suite, in the order `all` runs it.
+    "single": Scenario("one stream: decode tokens/s and time to first token against Llama() and llama-bench",
+                       "engine_benchmark:single"),
+    "batch": Scenario("aggregate tokens/s at 1/4/16/64 streams against llama-cpp-python's server and llama-server",
+                      "engine_benchmark:batch", "engine_benchmark:batch_options"),
+    "roofline": Scenario("one stream's decode bytes/s over this machine's measured DRAM bandwidth", "roofline:scenario"),
+    "planner": Scenario("planner fidelity, decision quality, decode tokens/s against the budget",
+                        "planner_fidelity:scenario", "planner_fidelity:options"),
+    "vision": Scenario("peak memory and latency by resolution with and without VLMOpt (slow)",
+                       "vision_benchmark:scenario", "vision_benchmark:options"),
+    "churn": Scenario("reload pauses under budget changes with 8 live streams", "churn:scenario", "churn:options"),
+    "session": Scenario("time to first token of a session's turn 2 against turn 1", "engine_benchmark:session"),
+    "village": Scenario("16 NPCs at once sharing a world prompt, with and without the prefix cache, and llama-server",
+                        "village:scenario"),
+    # Run on their own.
+    "soak": Scenario("16 streams for minutes with budget changes and cancels: nothing dropped, lost or leaked",
+                     "soak:scenario", "soak:options", suite=False, repeats=None),
+    "first-start": Scenario("launch to first token with no profile, then the background profile against a reference",
+                            "profile_landing:scenario", "profile_landing:options", suite=False, repeats=5),
+    "profile-cost": Scenario("what the install-time profile costs, how two agree, how well they predict decode",
+                             "profile_report:scenario", "profile_report:options", suite=False, repeats=None),
+    "transport": Scenario("one stream through the daemon's gRPC against the same model in-process",
+                          "transport_overhead:scenario", "transport_overhead:options", suite=False, repeats=5),
+    "placement": Scenario("planned against measured bytes on a GPU-type device (ggml's RPC), per budget",
+                          "device_placement:scenario", "device_placement:options", suite=False, repeats=None),
+    "vision-beside": Scenario("one NPC's stream while a 1440p screenshot is encoded beside it",
+                              "vision_beside:scenario", "vision_beside:options", suite=False, repeats=2),
+    "evening": Scenario("one NPC's session for 50 turns of ~200 tokens on the default context",
+                        "npc_evening:scenario", "npc_evening:options", suite=False, repeats=None),
+    "busy-cpu": Scenario("4 streams beside a busy core: the thread governor against maxCpuThreads 1 by hand",
+                         "busy_cpu:scenario", "busy_cpu:options", suite=False),
 }
+SUITE = [name for name, s in SCENARIOS.items() if s.suite]
 
 
-def record(name: str, results: dict, args: argparse.Namespace, argv: list[str], started: float, error: str | None) -> dict:
-    from machine import describe_machine, git_commit
-
-    return {
-        "scenario": name,
-        **git_commit(),
-        "machine": describe_machine(),
-        "command": "python " + shlex.join(["bench/run.py", *argv]),
-        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
-        "seconds": time.time() - started,
-        "repeats": args.repeats,
-        "quick": args.quick,
-        "model": args.model_path.name,
-        "results": results,
-        "error": error,
-    }
+def _resolve(target: str):
+    module, function = target.split(":")
+    return getattr(importlib.import_module(f"bench.{module}"), function)
 
 
-def write_record(rec: dict, json_dir: Path) -> Path:
-    json_dir.mkdir(parents=True, exist_ok=True)
-    stamp = rec["timestamp"][:19].replace("-", "").replace(":", "")
-    path = json_dir / f"{rec['scenario']}-{stamp}-{rec['commit'][:8]}.json"
-    path.write_text(json.dumps(rec, indent=2, default=str))
-    return path
+def scenario_list() -> str:
+    def rows(suite: bool) -> list[str]:
+        return [f"  {name:15}{s.about}" for name, s in SCENARIOS.items() if s.suite == suite]
+
+    return "\n".join(["scenarios:", *rows(True), f"  {'all':15}every scenario above, in that order (the suite report.py reads)",
+                      "", "run on their own (not in `all`):", *rows(False)])
 
 
-def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="bench/run.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser(names: list[str] = ()) -> argparse.ArgumentParser:
+    """The runner's options, and the own options of each scenario in `names`."""
+    ap = argparse.ArgumentParser(prog="bench/run.py", description=__doc__, epilog=scenario_list(),
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("scenarios", nargs="+", metavar="SCENARIO", choices=[*SCENARIOS, "all"],
                     help="one or more of: " + ", ".join([*SCENARIOS, "all"]))
-    ap.add_argument("--repeats", type=int, default=None, help="repeats per measurement (default 3; 1 with --quick)")
-    ap.add_argument("--json-dir", type=Path, default=DEFAULT_JSON_DIR, help="where results go (default bench/results/)")
+    ap.add_argument("--repeats", type=int, default=None, metavar="N",
+                    help="repeats per measurement (default 3, or the scenario's own; 1 with --quick)")
+    ap.add_argument("--json-dir", type=Path, default=None, metavar="DIR", help="where results go (default bench/results/)")
     ap.add_argument("--quick", action="store_true", help="a smoke run of each scenario: shorter and fewer, not a measurement")
-    ap.add_argument("--model", type=Path, default=None, help="GGUF to measure (default: the bundled SmolLM2-135M)")
-    ap.add_argument("--llama-bin", type=Path, default=None, help="folder with llama.cpp's llama-bench and llama-server")
-    ap.add_argument("--streams", type=lambda s: tuple(int(n) for n in s.split(",")), default=None,
-                    help="batch: concurrent stream counts, e.g. 1,4 (default 1,4,16,64)")
+    ap.add_argument("--model", type=Path, default=None, metavar="PATH", help="GGUF to measure (default: the bundled SmolLM2-135M)")
+    ap.add_argument("--llama-bin", type=Path, default=None, metavar="DIR", help="folder with llama.cpp's llama-bench and llama-server")
+    for name in dict.fromkeys(names):
+        if SCENARIOS[name].options:
+            try:
+                _resolve(SCENARIOS[name].options)(ap.add_argument_group(f"{name} options"))
+            except argparse.ArgumentError as e:
+                ap.error(f"{name}: {e}: another scenario named takes it too (run them one at a time)")
     return ap
+
+
+def named(argv: list[str]) -> list[str]:
+    """The scenarios on a command line, before parsing it (their options decide the parser)."""
+    names = []
+    for a in argv:
+        names += SUITE if a == "all" else [a] if a in SCENARIOS else []
+    return list(dict.fromkeys(names))
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)
-    if args.repeats is None:
-        args.repeats = 1 if args.quick else 3
-    if args.repeats < 1:
+    args = build_parser(named(argv)).parse_args(argv)
+    if args.repeats is not None and args.repeats < 1:
         raise SystemExit("--repeats must be at least 1")
-    from machine import describe_machine, git_commit, machine_line
+    from bench.common import RESULTS, ScenarioFailed, describe_machine, git_commit, machine_line, record, write_record
     from sidecar.default_model import default_model_path
 
+    args.json_dir = args.json_dir or RESULTS
     args.model_path = args.model or default_model_path()
-    names = list(SCENARIOS) if "all" in args.scenarios else list(dict.fromkeys(args.scenarios))
+    names = named(args.scenarios)
+    repeats = {name: args.repeats or (1 if args.quick else SCENARIOS[name].repeats) for name in names
+               if SCENARIOS[name].repeats is not None}
+    shown = set(repeats.values())
     commit = git_commit()
     print(f"machine: {machine_line(describe_machine())}")
     print(f"commit:  {commit['commit'][:12]}{' (with uncommitted changes)' if commit['dirty'] else ''}; "
-          f"model: {args.model_path.name}; repeats: {args.repeats}{'; QUICK (smoke run, not a measurement)' if args.quick else ''}")
+          f"model: {args.model_path.name}"
+          + (f"; repeats: {shown.pop() if len(shown) == 1 else ', '.join(f'{n} {r}' for n, r in repeats.items())}" if shown else "")
+          + ("; QUICK (smoke run, not a measurement)" if args.quick else ""))
     written, failed = [], []
     for name in names:
         started = time.time()
+        # Each scenario sees the runner's options with its own repeats resolved.
+        scenario_args = argparse.Namespace(**{**vars(args), "repeats": repeats.get(name)})
         try:
-            results, error = SCENARIOS[name][1](args), None
+            results, error = _resolve(SCENARIOS[name].run)(scenario_args), None
+        except ScenarioFailed as e:  # its own check failed: the figures are kept
+            results, error = e.results, f"{type(e).__name__}: {e}"
+            failed.append(name)
         except Exception as e:  # one scenario's failure must not lose the others' results
             traceback.print_exc()
             results, error = {}, f"{type(e).__name__}: {e}"
             failed.append(name)
-        path = write_record(record(name, results, args, argv, started, error), args.json_dir)
+        path = write_record(record(name, results, scenario_args, argv, started, error), args.json_dir)
         written.append(path)
         print(f"[{name}] {'FAILED: ' + error if error else 'done'} in {time.time() - started:.0f} s -> {path}")
     print("\nresults: " + ", ".join(str(p) for p in written))
@@ -202,5 +160,20 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def load_package() -> None:
+    """Make `bench.*` importable when a file of bench/ is run by path (python bench/run.py).
+
+    Python then puts bench/ itself first on sys.path, not the folder that holds the package, so
+    the scenarios' `from bench.common import ...` would not resolve. Loading the package from
+    this folder by location keeps sys.path alone, and works from any working directory."""
+    folder = Path(__file__).resolve().parent
+    spec = importlib.util.spec_from_file_location("bench", folder / "__init__.py", submodule_search_locations=[str(folder)])
+    package = importlib.util.module_from_spec(spec)
+    sys.modules["bench"] = package
+    spec.loader.exec_module(package)
+
+
 if __name__ == "__main__":
+    if __spec__ is None:  # run by path, not as `python -m bench.run`
+        load_package()
     sys.exit(main())

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Soak: many streams through the real daemon for minutes, with budget changes and cancels.
 
 16 streams (threads of one client) send greedy chat requests back to back for --duration seconds
@@ -15,33 +14,28 @@ generated once at the longest length used (the reference). It checks:
 
 and prints its figures; the exit code is 1 when a check fails. Not part of the test suite.
 
-    python bench/soak.py [--duration 300] [--streams 16] [--json OUT]       (--duration 30: a quick look)
+    python bench/run.py soak [--duration 300] [--streams 16]       (--quick: 30 s, a quick look)
 
 Without a GPU a budget change moves no weights (everything is on the CPU already), so SetBudget
 changes the thread cap and answers reloaded=false. With --device the daemon places onto a GPU-type
 ggml device that runs on this machine's CPU (ggml's RPC backend in a second process, the planner
-handed a described GPU, as bench/churn.py --via device): then every budget change moves tensors
-and reloads for real.
+handed a described GPU, as `bench/run.py churn --via device`): then every budget change moves
+tensors and reloads for real.
 
-    python bench/soak.py --device [--duration 300]
+    python bench/run.py soak --device [--duration 300]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import random
 import statistics
-import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tests"))
+from bench.common import ScenarioFailed, percentile
 
 PROMPTS = [f"In a few sentences, tell me about a {a} {b}." for a in ("brave", "sly", "old", "young")
            for b in ("knight", "thief", "wizard", "merchant")]
@@ -86,15 +80,6 @@ def token_problem(reference: list[int], got: list[int], max_tokens: int, complet
 def rss_growth(baseline_bytes: int, end_bytes: int) -> float:
     """Relative growth of resident memory from `baseline_bytes`."""
     return (end_bytes - baseline_bytes) / baseline_bytes
-
-
-def percentile(values: list[float], q: float) -> float:
-    """The q-th percentile (0..100) by the nearest-rank method; 0.0 for no values."""
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    rank = max(1, math.ceil(q / 100 * len(ordered)))
-    return ordered[rank - 1]
 
 
 @dataclass
@@ -298,7 +283,7 @@ def _soak(duration_s: float, n_streams: int, budget_every_s: float, cancel_share
           final_budget: str | None) -> tuple[Verdict, dict]:
     import psutil
 
-    from conftest import start_daemon, stop_daemon
+    from sidecar.daemon_process import start_daemon, stop_daemon
 
     args = ["--parallel", str(n_streams), "--ctx", "512", "--stream-interval-ms", "0", *extra]
     if model:
@@ -384,7 +369,7 @@ def print_figures(verdict: Verdict, figures: dict, max_gap_s: float) -> None:
     print("finish reasons: " + ", ".join(f"{k or 'none'} {v}" for k, v in figures["finish_reasons"].items()))
     print(f"budget changes: {len(changes)}, of which reloaded {len(reloads)}"
           + (f", pause ms median {statistics.median(c['pause_ms'] for c in reloads):.0f} max {max(c['pause_ms'] for c in reloads):.0f}"
-             if reloads else " (no GPU: placement never changes; bench/churn.py forces reloads)")
+             if reloads else " (no GPU: placement never changes; `bench/run.py churn` forces reloads)")
           + (f"; SetBudget call ms median {statistics.median(c['call_ms'] for c in changes):.0f}, max {max(c['call_ms'] for c in changes):.0f}"
              if changes else ""))
     print(f"daemon RSS after warm-up {verdict.rss_baseline / 2**20:.1f} MiB, at the end {verdict.rss_end / 2**20:.1f} MiB "
@@ -404,27 +389,23 @@ def print_figures(verdict: Verdict, figures: dict, max_gap_s: float) -> None:
             print(f"  ... and {len(verdict.failures) - 30} more")
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--duration", type=float, default=300.0, help="seconds of soak after warm-up (default 300)")
-    ap.add_argument("--streams", type=int, default=16)
-    ap.add_argument("--budget-every", type=float, default=10.0, help="seconds between budget changes")
-    ap.add_argument("--cancel-share", type=float, default=0.1, help="share of requests cancelled at a random point")
-    ap.add_argument("--max-gap-s", type=float, default=2.0, help="fail when the p99 gap between chunks is above this")
-    ap.add_argument("--model", type=Path, default=None, help="GGUF (default: the bundled SmolLM2)")
-    ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
-    ap.add_argument("--device", action="store_true", help="place onto ggml's RPC device: budget changes reload for real")
-    args = ap.parse_args(argv)
-    print(f"soak: {args.streams} streams, {args.duration:.0f} s, budget change every {args.budget_every:.0f} s, "
+def options(group) -> None:
+    group.add_argument("--duration", type=float, default=None, help="seconds of soak after warm-up (default 300; 30 with --quick)")
+    group.add_argument("--streams", type=int, default=16)
+    group.add_argument("--budget-every", type=float, default=10.0, help="seconds between budget changes")
+    group.add_argument("--cancel-share", type=float, default=0.1, help="share of requests cancelled at a random point")
+    group.add_argument("--max-gap-s", type=float, default=2.0, help="fail when the p99 gap between chunks is above this")
+    group.add_argument("--device", action="store_true", help="place onto ggml's RPC device: budget changes reload for real")
+
+
+def scenario(args: argparse.Namespace) -> dict:
+    duration = args.duration or (30.0 if args.quick else 300.0)
+    print(f"soak: {args.streams} streams, {duration:.0f} s, budget change every {args.budget_every:.0f} s, "
           f"~{args.cancel_share:.0%} of requests cancelled")
-    verdict, figures = soak(args.duration, args.streams, args.budget_every, args.cancel_share, args.max_gap_s, args.model,
+    # args.model, not model_path: without --model the daemon picks its own default, as a game's does.
+    verdict, figures = soak(duration, args.streams, args.budget_every, args.cancel_share, args.max_gap_s, args.model,
                             args.device)
     print_figures(verdict, figures, args.max_gap_s)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(figures, indent=2))
-    return 0 if verdict.ok else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    if not verdict.ok:
+        raise ScenarioFailed(f"{len(verdict.failures)} problem(s), the first: {verdict.failures[0]}", figures)
+    return figures

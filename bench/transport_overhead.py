@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Does the daemon's transport cost decode throughput? (issue 2's measure)
 
 One run, side by side: decode tokens/s and time to first token of one stream
@@ -7,21 +6,15 @@ One run, side by side: decode tokens/s and time to first token of one stream
 interleaved A, B, A, B, ... so machine noise hits both alike. Prints medians, spreads and A/B.
 Target: A/B >= 0.95.
 
-    python bench/transport_overhead.py [--model PATH] [--tokens 128] [--repeats 5] [--threads N] [--json OUT]
+    python bench/run.py transport [--model PATH] [--tokens 128] [--repeats 5] [--threads N]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import sys
 import time
 from pathlib import Path
-
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tests"))
 
 PROMPT = "Tell me a long story about a dragon who guards a library."
 
@@ -29,7 +22,7 @@ PROMPT = "Tell me a long story about a dragon who guards a library."
 def rendered_prompts(model_path: Path, n: int) -> list[str]:
     """One prompt per run, each with its own opening line, so neither side can reuse a previous
     run's KV cache: both prefill from scratch and their first-token times compare."""
-    from sidecar.engine.native_model import NativeModel
+    from sidecar.native.model import NativeModel
 
     model = NativeModel(model_path)
     try:
@@ -79,22 +72,19 @@ def summarize(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
-def main() -> int:
-    from conftest import start_daemon, stop_daemon
+def options(group) -> None:
+    group.add_argument("--tokens", type=int, default=None, help="tokens per run (default 128; 32 with --quick)")
+    group.add_argument("--threads", type=int, default=0, help="default: what the daemon picks (one per physical core)")
+
+
+def scenario(args: argparse.Namespace) -> dict:
     from llama_cpp import Llama
 
-    from sidecar.default_model import default_model_path
+    from sidecar.daemon_process import start_daemon, stop_daemon
     from sidecar.settings import Settings
 
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", type=Path, default=None)
-    ap.add_argument("--tokens", type=int, default=128)
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--threads", type=int, default=0, help="default: what the daemon picks (one per physical core)")
-    ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
-    args = ap.parse_args()
-
-    model = args.model or default_model_path()
+    model = args.model_path
+    args.tokens = args.tokens or (32 if args.quick else 128)
     threads = args.threads or Settings().cpu_threads()
     prompts = rendered_prompts(model, args.repeats + 1)
     # Same settings on both sides: no planner, the threads and flash-attention setting given here.
@@ -135,15 +125,8 @@ def main() -> int:
     print(f"{'in-process first token ms':28}{l_ttft['median']:10.1f}{l_ttft['min']:10.1f}{l_ttft['max']:10.1f}")
     print(f"daemon / in-process decode: {ratio:.3f} (ratio of medians), {paired:.3f} (median of paired runs)"
           f"  (target >= 0.95: {'met' if min(ratio, paired) >= 0.95 else 'NOT met'})")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({
-            "model": model.name, "threads": threads, "tokens": args.tokens, "repeats": args.repeats,
-            "daemon_decode_tps": d_tps, "in_process_decode_tps": l_tps,
-            "daemon_ttft_ms": d_ttft, "in_process_ttft_ms": l_ttft, "ratio": ratio, "paired_ratio": paired,
-        }, indent=2))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return {
+        "model": model.name, "threads": threads, "tokens": args.tokens, "repeats": args.repeats,
+        "daemon_decode_tps": d_tps, "in_process_decode_tps": l_tps,
+        "daemon_ttft_ms": d_ttft, "in_process_ttft_ms": l_ttft, "ratio": ratio, "paired_ratio": paired,
+    }

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """A town square: 16 NPCs start talking at once, sharing a 1,000-token world prompt (issue 19).
 
 Each NPC's first request is the shared world (the `context` field), a distinct ~40-token persona
@@ -26,14 +25,15 @@ first warms every side's sequences.
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import peers
-from measured_profile import profile_flags
+from bench import common
+from bench.common import TokenCounter, profile_flags
 
 N_NPCS = 16
 REPLY_TOKENS = 48
@@ -147,7 +147,7 @@ class DaemonSide:
     """The daemon over gRPC: a session per NPC, the world in `context`."""
 
     def __init__(self, name: str, model: Path, *flags: str) -> None:
-        from conftest import start_daemon
+        from sidecar.daemon_process import start_daemon
 
         self.name = name
         self._daemon = start_daemon("--model", str(model), *profile_flags(), *flags)
@@ -186,7 +186,7 @@ class DaemonSide:
             self.client.end_session(f"{tag}-{i}")
 
     def stop(self) -> None:
-        from conftest import stop_daemon
+        from sidecar.daemon_process import stop_daemon
 
         self.client.close()
         stop_daemon(self._daemon)
@@ -199,7 +199,7 @@ class LlamaServerSide:
         import httpx
 
         self.name = f"llama-server ({N_NPCS} slots)"
-        self._server = peers.start_llama_server(binary, model, threads, N_NPCS, 2048)
+        self._server = common.start_llama_server(binary, model, threads, N_NPCS, 2048)
         self._http = httpx.Client(limits=httpx.Limits(max_connections=2 * N_NPCS))
         self._history: dict[str, list[dict]] = {}
 
@@ -209,7 +209,7 @@ class LlamaServerSide:
             key = f"{tag}-{i}"
             if follow:
                 messages = self._history[key] + [{"role": "user", "content": follow_up(i)}]
-            else:  # as the daemon lays out `context` (sidecar/engine/prompt_layout.py)
+            else:  # as the daemon lays out `context` (sidecar/backend/prompt_layout.py)
                 messages = [{"role": "system", "content": w + "\n\n" + p}, {"role": "user", "content": text}]
             sent = time.perf_counter() - started  # chat_stream times from its own request
             s = self._server.chat_stream(self._http, messages, REPLY_TOKENS)
@@ -231,19 +231,18 @@ class LlamaServerSide:
         self._server.stop()
 
 
-def run(model: Path, args, results: dict) -> None:
-    from engine_benchmark import TokenCounter
+def scenario(args: argparse.Namespace) -> dict:
     from sidecar.settings import Settings
 
+    model = args.model_path
     count = TokenCounter(model)
     threads = Settings().cpu_threads()
-    quick = getattr(args, "quick", False)
-    n = 4 if quick else N_NPCS
+    n = 4 if args.quick else N_NPCS
     sides = [DaemonSide("daemon, prefix cache", model), DaemonSide("daemon, no prefix cache", model, "--prefix-cache-mb", "0")]
     print(f"\n== village: {n} NPCs at once, a {WORLD_TOKENS}-token shared world, {PERSONA_TOKENS}-token personas, "
           f"{LINE_TOKENS}-token lines, {REPLY_TOKENS} reply tokens, greedy; then a follow-up wave in the sessions ==")
     print(f"   daemon sequences (--parallel not given): {sides[0].log_parallel}; profile: {sides[0].log_profile}")
-    binary = peers.find_llama_binary("llama-server", args.llama_bin and args.llama_bin / "llama-server")
+    binary = common.find_llama_binary("llama-server", args.llama_bin)
     try:
         if binary:
             sides.append(LlamaServerSide(binary, model, threads))
@@ -273,7 +272,7 @@ def run(model: Path, args, results: dict) -> None:
     finally:
         for side in sides:
             side.stop()
-    results["village"] = _report(table, sizes, n)
+    return _report(table, sizes, n)
 
 
 def _med(rounds: list[dict], key: str) -> float | None:

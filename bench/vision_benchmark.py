@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Screenshot questions with and without VLMOpt (issue 7), side by side in one run.
 
 A SigLIP-class encoder (27 blocks, 1152 wide, patch 14, 896 px, f16: Gemma 3's) is generated with
@@ -14,7 +13,7 @@ on a GPU (this machine has none: those figures are modelled from measured buffer
 device), the phase check (peak within 10% of the larger phase), and the encoder's attention memory
 with and without flash attention at 1440p.
 
-    python bench/vision_benchmark.py [--resolutions 480p,1080p,1440p] [--layers 27] [--json OUT]
+    python bench/run.py vision [--resolutions 480p,1080p,1440p] [--layers 27] [--max-tokens 16] [--threads N]
 
 Run on an idle machine: one 896 px encode is ~5 TFLOP, about a minute on 2 cores.
 """
@@ -30,8 +29,7 @@ import threading
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from bench.common import REPO
 
 RESOLUTIONS = {"480p": (854, 480), "720p": (1280, 720), "1080p": (1920, 1080), "1440p": (2560, 1440)}
 MIB = 1 << 20
@@ -104,9 +102,9 @@ def worker_ask(spec: dict) -> dict:
 
     from sidecar.default_model import default_model_path
     from sidecar.engine import Engine
-    from sidecar.engine.config import EngineConfig
-    from sidecar.engine.requests import IMAGE_MARKER, Finished, GenerationSpec, Prompt, TextDelta
-    from sidecar.engine.sampling import SamplingConfig
+    from sidecar.backend.engine_config import EngineConfig
+    from sidecar.backend.requests import IMAGE_MARKER, Finished, GenerationSpec, Prompt, TextDelta
+    from sidecar.backend.sampling import SamplingConfig
     from sidecar.vision.encoder_settings import EncoderSettings
     from sidecar.vision.image_input import decode_encoded
 
@@ -174,8 +172,8 @@ def worker_flash(spec: dict) -> dict:
     from llama_cpp import mtmd_cpp
 
     from sidecar.default_model import default_model_path
-    from sidecar.engine.native_log import capture_native_log
-    from sidecar.engine.native_model import NativeModel
+    from sidecar.native.log_capture import capture_native_log
+    from sidecar.native.model import NativeModel
     from sidecar.vision.encoder import _COMPUTE_BUFFER
 
     model = NativeModel(default_model_path())
@@ -193,8 +191,13 @@ def worker_flash(spec: dict) -> dict:
     return out
 
 
+WORKERS = {"ask": worker_ask, "flash": worker_flash}
+
+
 def run_worker(kind: str, spec: dict) -> dict:
-    done = subprocess.run([sys.executable, __file__, "--worker", kind, json.dumps(spec)], capture_output=True, text=True)
+    # From the repository's root, `-m` finds the bench package (see the end of this file).
+    done = subprocess.run([sys.executable, "-m", "bench.vision_benchmark", kind, json.dumps(spec)], capture_output=True,
+                          text=True, cwd=REPO)
     if done.returncode != 0:
         raise RuntimeError(f"{kind} worker failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -228,28 +231,24 @@ def modelled_vram(run: dict, encoder_weights: int) -> dict:
     }
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--resolutions", default="480p,1080p,1440p")
-    parser.add_argument("--layers", type=int, default=27, help="encoder blocks (27 = SigLIP-So400m; fewer for a quick look)")
-    parser.add_argument("--max-tokens", type=int, default=16)
-    parser.add_argument("--threads", type=int, default=0, help="CPU threads (default: one per physical core)")
-    parser.add_argument("--json", type=Path, help="write the figures here")
-    parser.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.worker:
-        kind, spec = args.worker
-        result = {"ask": worker_ask, "flash": worker_flash}[kind](json.loads(spec))
-        print(json.dumps(result))
-        return 0
+def options(group) -> None:
+    group.add_argument("--resolutions", default=None, help="default 480p,1080p,1440p (480p with --quick)")
+    group.add_argument("--layers", type=int, default=None,
+                       help="encoder blocks (default 27 = SigLIP-So400m; 4 with --quick, for a quick look)")
+    group.add_argument("--max-tokens", type=int, default=16)
+    group.add_argument("--threads", type=int, default=0, help="CPU threads (default: one per physical core)")
 
+
+def scenario(args: argparse.Namespace) -> dict:
     import psutil
 
     from sidecar.model_info import inspect_gguf
     from sidecar.planner.vision import encoder_cost
 
+    resolutions = args.resolutions or ("480p" if args.quick else "480p,1080p,1440p")
+    layers = args.layers or (4 if args.quick else 27)
     threads = args.threads or psutil.cpu_count(logical=False) or 1
-    projector = ensure_projector(args.layers)
+    projector = ensure_projector(layers)
     info = inspect_gguf(projector)
     weights = sum(t.n_bytes for t in info.tensors)
     print(f"encoder: {info.vision.n_layer} blocks, {info.vision.n_embd} wide, patch {info.vision.patch_size}, "
@@ -264,7 +263,7 @@ def main() -> int:
           f"({flash['no_flash'] / max(flash['flash'], 1):.1f}x less compute buffer)")
 
     rows = []
-    for name in args.resolutions.split(","):
+    for name in resolutions.split(","):
         for mode in ("vlmopt", "resident"):
             spec = {"projector": str(projector), "mode": mode, "size": RESOLUTIONS[name], "threads": threads,
                     "max_tokens": args.max_tokens, "image_size": info.vision.image_size,
@@ -283,7 +282,7 @@ def main() -> int:
               f"{r['rss_idle'] / MIB:9.0f} {r['rss_encode_peak'] / MIB:10.0f} {r['rss_decode_peak'] / MIB:10.0f}")
     by = {(r["resolution"], r["mode"]): r for r in rows}
     print("\nVLMOpt against resident, per resolution:")
-    for name in args.resolutions.split(","):
+    for name in resolutions.split(","):
         a, b = by[(name, "vlmopt")], by[(name, "resident")]
         print(f"  {name:6} latency {a['latency_s'] / b['latency_s']:.2f}x, RSS while decoding "
               f"{(b['rss_decode_peak'] - a['rss_decode_peak']) / MIB:+.0f} MiB saved, peak RSS "
@@ -297,12 +296,8 @@ def main() -> int:
     budget = larger + (v["peak_resident"] - larger) // 2
     print(f"  a budget of {budget / MIB:.0f} MiB runs 1440p with VLMOpt; the resident encoder needs "
           f"{v['peak_resident'] / MIB:.0f} MiB there and does not fit")
-    if args.json:
-        args.json.write_text(json.dumps({"flash_compute_bytes": flash, "runs": rows, "encoder_weight_bytes": weights,
-                                         "threads": threads}, indent=2))
-        print(f"\nwrote {args.json}")
-    return 0
+    return {"flash_compute_bytes": flash, "runs": rows, "encoder_weight_bytes": weights, "threads": threads}
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # one measurement in a fresh process (run_worker): its peaks are its own
+    print(json.dumps(WORKERS[sys.argv[1]](json.loads(sys.argv[2]))))

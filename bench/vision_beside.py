@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Screenshots beside dialogue (issue 18, 4): one NPC's stream while another question's 1440p
 screenshot is encoded by the SigLIP-class generated projector, on one daemon, rounds interleaved.
 
@@ -11,27 +10,19 @@ Targets: longest gap <= 1 s; stream tokens/s during the encode >= 40% of alone; 
 <= 1.5x alone. The stream is a chain of long story requests, so it outlasts any encode; the gap
 between two requests of the chain counts like any other.
 
-    python bench/vision_beside.py [--rounds 2] [--layers 27] [--json OUT]
+    python bench/run.py vision-beside [--repeats 2] [--layers 27] [--window 20]
 
 Writes the 850 MB projector to the cache on first use (bench/vision_benchmark.py's). One round is
-about four minutes on 2 cores.
+about four minutes on 2 cores (--quick: one round of a 4-block projector, 5 s windows).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import sys
 import threading
 import time
-from pathlib import Path
-
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tests"))
-sys.path.insert(0, str(REPO / "bench"))
 
 STORY = "Tell me a very long story about {tag}, a lighthouse keeper, and the sea, with many chapters."
 
@@ -108,25 +99,27 @@ def both(daemon, png: bytes, tag: str) -> dict:
             "longest_gap_s": stream.longest_gap(asked, end)}
 
 
-def main() -> int:
-    from conftest import start_daemon, stop_daemon
-    from vision_benchmark import RESOLUTIONS, ensure_projector, screenshot_png
+def options(group) -> None:
+    group.add_argument("--layers", type=int, default=None, help="encoder blocks (default 27; 4 with --quick)")
+    group.add_argument("--window", type=float, default=None,
+                       help="seconds of the stream-alone measurement (default 20; 5 with --quick)")
 
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--layers", type=int, default=27)
-    parser.add_argument("--window", type=float, default=20.0, help="seconds of the stream-alone measurement")
-    parser.add_argument("--json", type=Path)
-    args = parser.parse_args()
-    projector = ensure_projector(args.layers)
+
+def scenario(args: argparse.Namespace) -> dict:
+    from bench.vision_benchmark import RESOLUTIONS, ensure_projector, screenshot_png
+    from sidecar.daemon_process import start_daemon, stop_daemon
+
+    layers = args.layers or (4 if args.quick else 27)
+    window = args.window or (5.0 if args.quick else 20.0)
+    projector = ensure_projector(layers)
     png = screenshot_png(*RESOLUTIONS["1440p"])
     daemon = start_daemon("--mmproj", str(projector), "--no-websocket", "--no-http")
     rows = []
     try:
         ask(daemon, screenshot_png(640, 360))  # warm-up: first touch of the encoder's pages
-        for r in range(args.rounds):
+        for r in range(args.repeats):
             load = os.getloadavg()[0]
-            alone_tps = stream_alone(daemon, args.window, f"round {r} alone")
+            alone_tps = stream_alone(daemon, window, f"round {r} alone")
             alone_latency, alone_encode = ask(daemon, png)
             mixed = both(daemon, png, f"round {r} both")
             row = {"round": r, "load": load, "stream_alone_tps": alone_tps, "image_alone_s": alone_latency,
@@ -146,10 +139,4 @@ def main() -> int:
     print(f"\nmedians over {len(rows)} rounds: longest gap {gap * 1000:.0f} ms (target <= 1000); stream during the "
           f"encode {share:.0%} of alone (target >= 40%); image latency {latency:.2f}x alone (target <= 1.5x); "
           f"load now {os.getloadavg()[0]:.2f}")
-    if args.json:
-        args.json.write_text(json.dumps({"rounds": rows, "share": share, "latency_ratio": latency, "gap_s": gap}, indent=2))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return {"rounds": rows, "share": share, "latency_ratio": latency, "gap_s": gap}

@@ -17,7 +17,7 @@ Steps (`--dry-run` prints them with their commands and runs nothing):
      fastest that stayed within the budget; llama-bench with llama.cpp's own fit (-fitt: leave
      all free memory but the budget);
   8. a budget churn with real reloads: 8 live streams on the model while SetBudget alternates the
-     largest and the smallest budget (bench/churn.py --via daemon): pauses, gaps, token identity;
+     largest and the smallest budget (bench/run.py churn --via daemon): pauses, gaps, token identity;
   9. the table, and a JSON file with every number (--json; --out DIR writes both, and the churn).
 
 Offline (`--offline`, what deploy/gpu_bundle.py's run.sh uses on a GPU machine that reaches no
@@ -146,7 +146,7 @@ class GpuCheck:
                 steps.append(Step(f"fit {b}", "llama-bench -p 0 -n 64 -fitt <free - CUDA context - budget in MiB> -fitc 4096",
                                   lambda r=r: self.run_fit(r)))
         if not a.skip_churn:
-            steps.append(Step("churn", "bench/churn.py --via daemon: 8 live streams while SetBudget alternates "
+            steps.append(Step("churn", "bench/run.py churn --via daemon: 8 live streams while SetBudget alternates "
                                        f"{_size(max(a.budget_bytes))} and {_size(min(a.budget_bytes))}", self.run_churn))
         return steps
 
@@ -179,8 +179,7 @@ class GpuCheck:
         print(f"llama-cpp-python has CUDA ({lib})")
 
     def run_churn(self) -> None:
-        sys.path.insert(0, str(REPO / "bench"))
-        import churn
+        from bench import churn  # the repository is on sys.path (above)
 
         a = self.args
         self.churn = churn.run(self.model, via="daemon", n_streams=8, tokens=64, every_s=3.0, reloads=4,

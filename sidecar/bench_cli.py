@@ -1,8 +1,10 @@
 """`xlm-sidecar bench ...`: runs bench/run.py from a source checkout.
 
-The benchmarks start peers (llama-cpp-python's server, llama.cpp's binaries) and reuse the test
-suite's daemon launcher, so they live with the repository, not in the installed package; this
-command only finds them next to the package and hands its arguments over.
+The benchmarks start peers (llama-cpp-python's server, llama.cpp's binaries) and write their
+results into the checkout, so they live with the repository, not in the installed package (only
+the daemon launcher they share with the tests does: sidecar.daemon_process); this command only
+finds them next to the package and hands its arguments over. bench/run.py, run by path, loads its
+package itself, so the working directory does not matter.
 """
 
 from __future__ import annotations

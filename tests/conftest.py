@@ -4,36 +4,19 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from sidecar.client import SidecarClient
+# The launcher lives in the package so bench/ shares it; ~40 test files import it from here.
+from sidecar.daemon_process import RunningDaemon, start_daemon, stop_daemon  # noqa: F401
 from sidecar.default_model import default_model_path
 from run_summary import pytest_terminal_summary  # noqa: F401 (a hook: the run ends with what it skipped)
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-@dataclass
-class RunningDaemon:
-    process: subprocess.Popen
-    address: str
-    log_lines: list[dict]
-    # The token calls must carry (None when started with --no-auth, or when the daemon generated it:
-    # then it is in the file named by the listening line's token_file).
-    token: str | None = None
-    ws_address: str | None = None
-
-    def client(self, **kwargs: object) -> SidecarClient:
-        kwargs.setdefault("token", self.token)
-        return SidecarClient(self.address, **kwargs)
 
 
 def wait_for_event(daemon: RunningDaemon, wanted: str, timeout_s: float) -> list[dict]:
@@ -51,60 +34,6 @@ def wait_for_event(daemon: RunningDaemon, wanted: str, timeout_s: float) -> list
         except ValueError:
             continue
     raise AssertionError(f"no {wanted!r} line within {timeout_s} s: {[e.get('event') for e in daemon.log_lines]}")
-
-
-def start_daemon(
-    *args: str,
-    timeout_s: float = 180.0,
-    env: dict[str, str] | None = None,
-    token: str | None = "auto",
-    program: tuple[str, ...] = (sys.executable, "-m", "sidecar"),
-    until: str = "ready",
-) -> RunningDaemon:
-    """Start `xlm-sidecar serve --port 0 ...` and wait for its `until` log line: "ready" (the model
-    is loaded: calls are taken at once) or "listening" (bound; still starting).
-
-    The daemon gets XLM_SIDECAR_TOKEN: `token`, a fresh random one for "auto", or none for None
-    (then it generates its own, unless `env` sets one). `program` runs another build of the
-    daemon, e.g. the frozen executable.
-    """
-    cmd = [*program, "serve", "--port", "0", "--log-format", "json", *args]
-    env = {**os.environ, **(env or {})}
-    if token == "auto":
-        token = secrets.token_urlsafe(24)
-    if token is not None:
-        env["XLM_SIDECAR_TOKEN"] = token
-    else:
-        token = env.get("XLM_SIDECAR_TOKEN")
-    if "--no-auth" in args:
-        token = None
-    process = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
-    lines: list[dict] = []
-    deadline = time.monotonic() + timeout_s
-    assert process.stderr is not None
-    while time.monotonic() < deadline:
-        line = process.stderr.readline()
-        if not line:
-            raise RuntimeError(f"daemon exited with {process.wait()} before {until}: {lines}")
-        try:
-            event = json.loads(line)
-        except ValueError:
-            continue
-        lines.append(event)
-        if event.get("event") == until:
-            listening = next(e for e in lines if e.get("event") == "listening")
-            return RunningDaemon(process, listening["address"], lines, token, listening.get("ws_address"))
-    process.kill()
-    raise RuntimeError(f"daemon was not {until} within {timeout_s} s: {lines}")
-
-
-def stop_daemon(daemon: RunningDaemon) -> int:
-    daemon.process.terminate()
-    try:
-        return daemon.process.wait(timeout=20)
-    finally:
-        if daemon.process.poll() is None:
-            daemon.process.kill()
 
 
 @pytest.fixture(scope="session")

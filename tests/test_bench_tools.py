@@ -7,19 +7,19 @@ they must; the roofline's bytes per token add up for the real SmolLM2 header.
 
 from __future__ import annotations
 
+import importlib
 import json
+import pkgutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "bench"))
+from bench import common, report, soak
+from bench.soak import RequestRecord
 
-import report  # noqa: E402
-import soak  # noqa: E402
-from soak import RequestRecord  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -135,12 +135,50 @@ def test_report_marks_quick_and_failed_runs(tmp_path: Path) -> None:
 
 
 def test_run_help_lists_every_scenario() -> None:
+    from bench.run import SCENARIOS
+
     out = subprocess.run([sys.executable, str(REPO / "bench" / "run.py"), "--help"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    for name in ("single", "batch", "roofline", "planner", "vision", "churn", "session", "all"):
+    for name in ("single", "batch", "roofline", "planner", "vision", "churn", "session", "village", "soak", "all"):
         assert f"  {name} " in out.stdout, name
+    for name, scenario in SCENARIOS.items():
+        assert f"  {name:15}{scenario.about}" in out.stdout, name
     bad = subprocess.run([sys.executable, str(REPO / "bench" / "run.py"), "nonsense"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "invalid choice" in bad.stderr
+
+
+def test_run_works_as_a_module_and_from_elsewhere(tmp_path: Path) -> None:
+    # As a module from the repository's root; by path from another folder (bench/ then comes
+    # first on sys.path and the package is loaded by location), with a scenario's own options.
+    module = subprocess.run([sys.executable, "-m", "bench.run", "soak", "--help"], capture_output=True, text=True,
+                            timeout=60, cwd=REPO)
+    assert module.returncode == 0, module.stderr
+    assert "soak options:" in module.stdout and "--duration" in module.stdout
+    by_path = subprocess.run([sys.executable, str(REPO / "bench" / "run.py"), "churn", "--help"], capture_output=True,
+                             text=True, timeout=60, cwd=tmp_path)
+    assert by_path.returncode == 0, by_path.stderr
+    assert "churn options:" in by_path.stdout and "--via" in by_path.stdout
+    # A scenario's option without that scenario is refused, as any unknown option is.
+    wrong = subprocess.run([sys.executable, str(REPO / "bench" / "run.py"), "single", "--duration", "3"],
+                           capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert wrong.returncode == 2 and "unrecognized arguments: --duration 3" in wrong.stderr
+    report_help = subprocess.run([sys.executable, str(REPO / "bench" / "report.py"), "--help"], capture_output=True,
+                                 text=True, timeout=60, cwd=tmp_path)
+    assert report_help.returncode == 0, report_help.stderr
+
+
+def test_every_scenario_resolves_and_every_bench_module_imports() -> None:
+    from bench.run import SCENARIOS, _resolve, build_parser
+
+    for name, scenario in SCENARIOS.items():
+        assert callable(_resolve(scenario.run)), name
+    # Every scenario's options at once, as `all` and single runs build them (the suite's must not clash).
+    build_parser([name for name, s in SCENARIOS.items() if s.suite])
+    for name in SCENARIOS:
+        build_parser([name])
+    folder = REPO / "bench"
+    for info in pkgutil.iter_modules([str(folder)]):
+        importlib.import_module(f"bench.{info.name}")
 
 
 # -- the soak's checks --------------------------------------------------------------------------------------
@@ -172,10 +210,17 @@ def test_rss_growth_and_percentile() -> None:
     assert soak.rss_growth(1000, 1049) == pytest.approx(0.049)
     assert soak.rss_growth(1000, 900) == pytest.approx(-0.1)
     values = [float(v) for v in range(1, 101)]
-    assert soak.percentile(values, 99) == 99.0
-    assert soak.percentile(values, 50) == 50.0
-    assert soak.percentile([5.0], 99) == 5.0
-    assert soak.percentile([], 99) == 0.0
+    assert common.percentile(values, 99) == 99.0
+    assert common.percentile(values, 50) == 50.0
+    assert common.percentile([5.0], 99) == 5.0
+    assert common.percentile([], 99) == 0.0
+
+
+def test_spread_prints_the_median_and_the_ends() -> None:
+    assert common.spread([3.0, 1.0, 2.0]) == "     2.0  [1.0 .. 3.0]"
+    assert common.spread([0.25, 0.5, 0.75], "8.2f") == "    0.50  [0.25 .. 0.75]"
+    assert report.cell([3.0, 1.0, 2.0]) == "2.0 [1.0 .. 3.0]"
+    assert report.cell([7.0], 0) == "7" and report.cell([]) == "-"
 
 
 def good(prompt: int = 0, gaps: tuple[float, ...] = (0.05, 0.05)) -> RequestRecord:
@@ -223,7 +268,7 @@ def test_gaps_are_told_apart_by_budget_calls() -> None:
 
 
 def test_bytes_per_token_of_smollm2_add_up(smollm2_path: Path) -> None:
-    import roofline
+    from bench import roofline
 
     from sidecar.model_info import inspect_gguf
 
@@ -254,7 +299,6 @@ def test_a_streamed_reply_carries_the_prompt_tokens_the_server_computed() -> Non
     # `timings`); a replay, since llama-server is built outside the repo. The village benchmark
     # sums `prompt_computed` as llama-server's own count of prompt tokens computed.
     import httpx
-    import peers
 
     events = [
         {"choices": [{"index": 0, "delta": {"role": "assistant", "content": None}}]},
@@ -265,7 +309,7 @@ def test_a_streamed_reply_carries_the_prompt_tokens_the_server_computed() -> Non
     ]
     body = "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
     transport = httpx.MockTransport(lambda request: httpx.Response(200, text=body, headers={"content-type": "text/event-stream"}))
-    peer = peers.HttpPeer("replay", process=None, base_url="http://replay")  # type: ignore[arg-type]
+    peer = common.HttpPeer("replay", process=None, base_url="http://replay")  # type: ignore[arg-type]
     with httpx.Client(transport=transport) as client:
         got = peer.chat_stream(client, [{"role": "user", "content": "hi"}], 2)
     assert (got.text, got.events, got.reported_tokens, got.prompt_computed) == ("Hello there", 2, 2, 82)

@@ -1,0 +1,87 @@
+"""A real daemon in a child process on a free port, for the test suite and the benchmarks.
+
+Both drive `xlm-sidecar serve` the way a game does, from outside; keeping the launcher in the
+installed package lets tests/conftest.py and bench/ import one copy without either putting the
+other's folder on sys.path. The daemon never imports this module.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+from sidecar.client import SidecarClient
+
+
+@dataclass
+class RunningDaemon:
+    process: subprocess.Popen
+    address: str
+    log_lines: list[dict]
+    # The token calls must carry (None when started with --no-auth, or when the daemon generated it:
+    # then it is in the file named by the listening line's token_file).
+    token: str | None = None
+    ws_address: str | None = None
+
+    def client(self, **kwargs: object) -> SidecarClient:
+        kwargs.setdefault("token", self.token)
+        return SidecarClient(self.address, **kwargs)
+
+
+def start_daemon(
+    *args: str,
+    timeout_s: float = 180.0,
+    env: dict[str, str] | None = None,
+    token: str | None = "auto",
+    program: tuple[str, ...] = (sys.executable, "-m", "sidecar"),
+    until: str = "ready",
+) -> RunningDaemon:
+    """Start `xlm-sidecar serve --port 0 ...` and wait for its `until` log line: "ready" (the model
+    is loaded: calls are taken at once) or "listening" (bound; still starting).
+
+    The daemon gets XLM_SIDECAR_TOKEN: `token`, a fresh random one for "auto", or none for None
+    (then it generates its own, unless `env` sets one). `program` runs another build of the
+    daemon, e.g. the frozen executable.
+    """
+    cmd = [*program, "serve", "--port", "0", "--log-format", "json", *args]
+    env = {**os.environ, **(env or {})}
+    if token == "auto":
+        token = secrets.token_urlsafe(24)
+    if token is not None:
+        env["XLM_SIDECAR_TOKEN"] = token
+    else:
+        token = env.get("XLM_SIDECAR_TOKEN")
+    if "--no-auth" in args:
+        token = None
+    process = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
+    lines: list[dict] = []
+    deadline = time.monotonic() + timeout_s
+    assert process.stderr is not None
+    while time.monotonic() < deadline:
+        line = process.stderr.readline()
+        if not line:
+            raise RuntimeError(f"daemon exited with {process.wait()} before {until}: {lines}")
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        lines.append(event)
+        if event.get("event") == until:
+            listening = next(e for e in lines if e.get("event") == "listening")
+            return RunningDaemon(process, listening["address"], lines, token, listening.get("ws_address"))
+    process.kill()
+    raise RuntimeError(f"daemon was not {until} within {timeout_s} s: {lines}")
+
+
+def stop_daemon(daemon: RunningDaemon) -> int:
+    daemon.process.terminate()
+    try:
+        return daemon.process.wait(timeout=20)
+    finally:
+        if daemon.process.poll() is None:
+            daemon.process.kill()
