@@ -101,17 +101,17 @@ def engine_prompt_tokens(engine, spec) -> list[int]:
     """The token ids a one-off request's prompt becomes in `engine` (as the engine builds it:
     chat template, specials, BOS). Call it while the engine is idle or from its own thread's view
     of an unchanging model; tokenizing only reads the vocabulary."""
-    from sidecar.engine.prompt_build import build_prompt
+    from sidecar.engine.prompts.prompt_build import build_prompt
 
     return build_prompt(engine.model, spec, None, [], max_prompt_tokens=1 << 20, n_ctx=engine.config.n_ctx).tokens
 
 
 def chat_prompt_tokens(model_path: Path, messages: tuple[tuple[str, str], ...]) -> list[int]:
     """The token ids a one-off chat request becomes in the daemon: its own template rendering
-    and tokenizer (sidecar.engine.prompt_build) on the model file, no context, no tools."""
+    and tokenizer (sidecar.engine.prompts.prompt_build) on the model file, no context, no tools."""
     from sidecar.engine import GenerationSpec, Prompt
     from sidecar.native.model import NativeModel
-    from sidecar.engine.prompt_build import build_prompt
+    from sidecar.engine.prompts.prompt_build import build_prompt
 
     model = NativeModel(model_path)
     try:

@@ -180,7 +180,7 @@ def _control_tokens(model, tokens: list[int]) -> list[int]:
 def test_control_tokens_in_content_stay_plain_text(engine: Engine) -> None:
     """Issue 17 (1): "<|im_end|>" as content was one control token (31 prompt tokens, as for
     "hello"), and an injected system turn became real control tokens."""
-    from sidecar.engine.prompt_build import build_prompt
+    from sidecar.engine.prompts.prompt_build import build_prompt
 
     def tokens(*messages: tuple[str, str]) -> list[int]:
         spec = GenerationSpec(prompt=Prompt(messages=messages))

@@ -12,8 +12,8 @@ import pytest
 
 from sidecar.client import Reply
 from sidecar.engine import Engine, EngineConfig, Finished, GenerationSpec, Prompt, SamplingConfig, TextDelta
-from sidecar.engine.prefix_cache import PrefixCache
-from sidecar.engine.prefix_sharing import BLOCK, exact_shared, share_cut, shared_blocks
+from sidecar.engine.prefix.prefix_cache import PrefixCache
+from sidecar.engine.prefix.prefix_sharing import BLOCK, exact_shared, share_cut, shared_blocks
 from sidecar.backend.prompt_layout import context_tokens, with_context
 
 GREEDY = SamplingConfig(temperature=0.0, repeat_penalty=1.0)
@@ -122,7 +122,7 @@ def test_prefixes_are_cut_at_the_shared_context_else_at_whole_shared_blocks() ->
 
 
 def test_the_context_opens_the_system_message_of_a_conversations_first_turn_only() -> None:
-    from sidecar.engine.prompt_build import build_prompt
+    from sidecar.engine.prompts.prompt_build import build_prompt
     from sidecar.backend.sessions import Session
 
     class TextModel:

@@ -1,9 +1,9 @@
-"""Replies keep the tokens they were generated as (sidecar.engine.reply_tokens): pure, a toy
+"""Replies keep the tokens they were generated as (sidecar.engine.prompts.reply_tokens): pure, a toy
 tokenizer that writes `{"` as one token where a sampler wrote `{` then `"`."""
 
 from __future__ import annotations
 
-from sidecar.engine import reply_tokens
+from sidecar.engine.prompts import reply_tokens
 
 VOCAB = {1: b'{"', 2: b"{", 3: b'"', 4: b"a", 5: b"}", 6: b'"}', 7: b"\xc3", 8: b"\xa9"}
 

@@ -1,6 +1,6 @@
 """Composition of one forward pass (pure)."""
 
-from sidecar.engine.step import SequenceDemand, plan_step, threads_for
+from sidecar.engine.scheduling.step import SequenceDemand, plan_step, threads_for
 
 
 def test_decode_tokens_are_chosen_first_and_prompts_fill_the_rest() -> None:

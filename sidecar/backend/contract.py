@@ -21,7 +21,7 @@ from sidecar.backend.sessions import SessionView
 from sidecar.backend.stats import ThroughputSnapshot
 
 if TYPE_CHECKING:  # types of the status view only; importing them would load llama.cpp
-    from sidecar.engine.prefix_cache import PrefixCacheStats
+    from sidecar.engine.prefix.prefix_cache import PrefixCacheStats
     from sidecar.vision.encoder import EncoderStats
 
 

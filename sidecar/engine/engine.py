@@ -29,33 +29,35 @@ from concurrent.futures import Future
 import llama_cpp
 import structlog
 
-from sidecar.engine import reply_tokens
 from sidecar.backend.engine_config import EngineConfig
 from sidecar.backend.load_report import parse_load_log
 from sidecar.native.context import NativeContext
 from sidecar.native.log_capture import install_native_log_filter
 from sidecar.backend.contract import BackendSnapshot, RequestLimits
-from sidecar.backend.resent_turns import remember_sent, resolve
 from sidecar.native.model import NativeModel
 from sidecar.backend.phase import EnginePhase
-from sidecar.engine.context_shift import shift_out_dropped
+from sidecar.engine.prompts.context_shift import shift_out_dropped
 from sidecar.engine.image_encodes import ImageEncodes
-from sidecar.engine.image_prompt import image_report, whole_images_prefix
-from sidecar.engine.prefix_cache import PrefixCache
-from sidecar.engine.prefix_sharing import PrefixSharing, shareable_tokens
-from sidecar.engine.prompt_build import BuiltPrompt, build_prompt
+from sidecar.engine.prompts.image_prompt import image_report, whole_images_prefix
+from sidecar.engine.prefix.prefix_cache import PrefixCache
+from sidecar.engine.prefix.prefix_sharing import PrefixSharing, shareable_tokens
+from sidecar.engine.prompts.prompt_build import BuiltPrompt, build_prompt
 from sidecar.engine.finish_report import cancelled_before_start, finished
-from sidecar.engine.packing import packing_moves, swap
+from sidecar.engine.scheduling.packing import packing_moves, swap
+from sidecar.engine.loading import load_model_and_context
+from sidecar.engine.session_turn import remember_turn
+from sidecar.engine.inbox import ImageReady, InboxMessage, Stop
 from sidecar.engine.reload import Reloading, ReloadRequest
+from sidecar.engine.scheduling.resent_admission import check_not_ended, resolve_waiting, still_resolved
 from sidecar.backend.requests import NO_VISION_MODEL, FinishReason, GenerationSpec, Job, Sink, TextDelta
 from sidecar.engine.sampler_chain import SamplerChain
 from sidecar.backend.sessions import Session, SessionStore
 from sidecar.backend.prompt_layout import context_tokens
-from sidecar.engine.slot import ActiveRequest, Slot
-from sidecar.engine.slot_choice import choose_slot, common_prefix, evict
+from sidecar.engine.scheduling.slot import ActiveRequest, Slot
+from sidecar.engine.scheduling.slot_choice import choose_slot, common_prefix, evict
 from sidecar.backend.stats import ThroughputStats
-from sidecar.engine.step import SequenceDemand, plan_step, threads_for
-from sidecar.engine.thread_governor_hook import GovernedThreads
+from sidecar.engine.scheduling.step import SequenceDemand, StepPlan, plan_step, threads_for
+from sidecar.engine.threads.thread_governor_hook import GovernedThreads
 from sidecar.backend.text_stream import TextStream
 from sidecar.errors import (
     EngineFailure,
@@ -69,9 +71,6 @@ from sidecar.vision.encoder import EncodedImage, VisionEncoder
 
 log = structlog.get_logger("engine")
 
-_WAKE = object()  # put into the inbox by the vision worker's reply thread: an image is ready
-
-
 class Engine(Reloading):
     """Loads the model at construction (raises ModelLoadError) and serves until close()."""
 
@@ -82,8 +81,8 @@ class Engine(Reloading):
         self.model, self._ctx = self._load(config)
         self.load_report = parse_load_log(self.model.load_log + self._ctx.load_log)
         self.facts = self.model.facts()
-        self._inbox: queue.Queue[Job | ReloadRequest | None | object] = queue.Queue()
-        self._images = ImageEncodes(wake=lambda: self._inbox.put(_WAKE))
+        self._inbox: queue.Queue[InboxMessage] = queue.Queue()
+        self._images = ImageEncodes(wake=lambda: self._inbox.put(ImageReady()))
         self.encoder = self._open_encoder(config)
         self._kv_bytes_per_token = self.model.kv_bytes_per_token_f16()
         self._slots = [Slot(seq) for seq in range(config.n_seq)]
@@ -100,28 +99,7 @@ class Engine(Reloading):
 
     @staticmethod
     def _load(config: EngineConfig) -> tuple[NativeModel, NativeContext]:
-        model = NativeModel(
-            config.model_path, n_gpu_layers=config.n_gpu_layers, tensor_overrides=config.tensor_overrides
-        )
-        try:
-            ctx = NativeContext(
-                model,
-                n_seq=config.n_seq,
-                ctx_per_seq=config.n_ctx,
-                n_batch=config.n_batch,
-                n_ubatch=config.n_ubatch,
-                threads_decode=config.threads_decode,
-                threads_prefill=config.threads_prefill,
-                flash_attention=config.flash_attention,
-                op_offload=config.op_offload,
-                kv_on_gpu=config.kv_on_gpu,
-                kv_type=config.kv_type,
-                n_outputs_max=config.n_outputs_max,
-            )
-        except BaseException:
-            model.close()
-            raise
-        return model, ctx
+        return load_model_and_context(config)
 
     def _open_encoder(self, config: EngineConfig) -> VisionEncoder | None:
         """The in-loop encoder of a GPU plan; a CPU encoder runs beside the loop (image_encodes.py)."""
@@ -208,7 +186,7 @@ class Engine(Reloading):
             return
         self._closing = True
         self.phase = EnginePhase.DRAINING
-        self._inbox.put(None)
+        self._inbox.put(Stop())
         self._thread.join(timeout)
         if self._thread.is_alive():
             log.warning("engine thread did not stop in time; leaking its llama.cpp context")
@@ -223,26 +201,34 @@ class Engine(Reloading):
     # -- engine thread: the loop ------------------------------------------------------------------
 
     def _run(self) -> None:
+        """The loop, one pass at a time: take in what arrived, admit waiting requests to free
+        sequences (admission), compose the pass (schedule), run it (execute), then account for
+        it: the tokens fed, the tokens sampled, the replies that ended (update)."""
         while True:
-            busy = any(s.busy for s in self._slots)
-            # While an image encodes beside the loop, wake often enough to see its question cancelled.
-            timeout = 0.05 if self._images.has_work(self._waiting) else None
-            try:
-                item = self._inbox.get(block=not busy and not self._waiting_admissible(), timeout=timeout)
-            except queue.Empty:
-                item = False  # nothing new; carry on stepping
-            if item is None:
+            message = self._next_message()
+            if isinstance(message, Stop):
                 break
-            if isinstance(item, Job):
-                self._waiting.append(item)
+            if isinstance(message, Job):
+                self._waiting.append(message)
                 continue  # gather everything that arrived before composing the next pass
-            if isinstance(item, ReloadRequest):
-                self._reload_if_wanted(item)
+            if isinstance(message, ReloadRequest):
+                self._reload_if_wanted(message)
                 continue
             self._admit()
             if any(s.busy for s in self._slots):
-                self._step_safely()
+                self._pass_safely()
         self._shutdown()
+
+    def _next_message(self) -> InboxMessage | None:
+        """The next message, None when there is none and a pass is due. Blocks only when there
+        is nothing to run and nothing that could be admitted."""
+        busy = any(s.busy for s in self._slots)
+        # While an image encodes beside the loop, wake often enough to see its question cancelled.
+        timeout = 0.05 if self._images.has_work(self._waiting) else None
+        try:
+            return self._inbox.get(block=not busy and not self._waiting_admissible(), timeout=timeout)
+        except queue.Empty:
+            return None
 
     def _waiting_admissible(self) -> bool:
         return any(not self._images.pending(j) for j in self._waiting) and any(not s.busy for s in self._slots)
@@ -268,7 +254,8 @@ class Engine(Reloading):
     def _admit(self) -> None:
         """Bind waiting requests to free sequences, in arrival order; a request whose session is
         mid-turn elsewhere waits for that turn to end."""
-        self._resolve_resent_turns()
+        for job, error in resolve_waiting(self._waiting, self._slots, self.sessions):
+            job.sink(error)
         self._plan_sharing()
         self._images.poll(self._waiting, max(t for _, t in self.config.tier_threads), self.config.threads_decode,
                           decoding=any(s.busy for s in self._slots))
@@ -279,7 +266,7 @@ class Engine(Reloading):
             if job.cancelled:
                 job.sink(cancelled_before_start(job))
                 continue
-            if job.spec.resends_history or not self._still_resolved(job):
+            if not still_resolved(job, self.sessions, self._images.pending):
                 still_waiting.append(job)  # its session is mid-turn: decided when that turn ends
                 continue
             if self._images.pending(job) or job.spec.session_id in encoding_sessions:
@@ -305,43 +292,6 @@ class Engine(Reloading):
                 log.exception("request failed to start", request_id=job.spec.request_id)
                 job.sink(EngineFailure(f"internal error: {type(e).__name__}: {e}"))
         self._waiting = still_waiting
-
-    def _resolve_resent_turns(self) -> None:
-        """Decide what each resent turn keeps of its session (resent_turns.py), here on the engine
-        thread that owns the session, once no earlier turn of that session is running or waiting:
-        the decision then holds until the turn starts. Before its image is encoded, too: an image
-        the session already holds is not encoded again."""
-        mid_turn = {s.session_id for s in self._slots if s.busy and s.session_id}
-        for job in list(self._waiting):
-            sid = job.spec.session_id
-            if job.spec.resends_history and not job.cancelled and sid not in mid_turn:
-                session = self.sessions.get(sid) if sid else None
-                try:
-                    job.spec = resolve(job.resent, session)
-                except SidecarError as e:
-                    self._waiting.remove(job)
-                    job.sink(e)
-                    continue
-                job.resolved_against = (session, session.version if session is not None else 0)
-            if sid:
-                mid_turn.add(sid)  # later turns of this session wait for this one
-
-    def _still_resolved(self, job: Job) -> bool:
-        """A resent turn's decision still matches its session (EndSession may have replaced it
-        from another thread); if not, it is decided again. False when the new decision must wait
-        for its image to be encoded."""
-        if job.resent is None:
-            return True
-        session = self.sessions.get(job.spec.session_id) if job.spec.session_id else None
-        if job.resolved_against == (session, session.version if session is not None else 0):
-            return True
-        try:
-            job.spec = resolve(job.resent, session)
-        except SidecarError:
-            job.spec = job.resent  # refused at the next resolution, through the job's sink
-            return False
-        job.resolved_against = (session, session.version if session is not None else 0)
-        return not self._images.pending(job)
 
     def _one_off_prompt_tokens(self, job: Job) -> list[int] | None:
         """A one-off request's prompt tokens, kept on the job for _start; None if it cannot be
@@ -379,11 +329,7 @@ class Engine(Reloading):
 
     def _start(self, job: Job, slot: Slot) -> None:
         spec = job.spec
-        kept = job.resolved_against[0] if job.resolved_against is not None else None
-        if kept is not None and self.sessions.get(spec.session_id) is not kept:
-            # Ended (EndSession, another thread) since _admit checked: the history the decision
-            # kept is gone with it, and only the engine thread changes a session otherwise.
-            raise Unavailable("the session was ended while this turn started; send the turn again")
+        check_not_ended(job, self.sessions)
         session = self.sessions.open(spec.session_id) if spec.session_id else None
         if session is not None and spec.reset_session:
             session.restart()
@@ -463,7 +409,7 @@ class Engine(Reloading):
 
     # -- one forward pass ---------------------------------------------------------------------------
 
-    def _step_safely(self) -> None:
+    def _pass_safely(self) -> None:
         try:
             self._step()
         except Exception as e:
@@ -482,6 +428,16 @@ class Engine(Reloading):
                     slot.cached = []
 
     def _step(self) -> None:
+        plan = self._schedule()
+        if plan is None:
+            return
+        elapsed = self._execute(plan)
+        self._update(plan, elapsed)
+
+    def _schedule(self) -> StepPlan | None:
+        """The next pass: replies cancelled end, sequences move down into gaps, images due are
+        fed (a pass of their own), then every sequence's demand goes into one batch (plan_step).
+        None when nothing is left to run."""
         for slot in self._slots:
             if slot.active is not None and slot.active.job.cancelled:
                 self._finish(slot, FinishReason.CANCELLED)
@@ -490,9 +446,11 @@ class Engine(Reloading):
             if slot.active is not None and slot.active.next_image_start() == slot.active.fed:
                 self._feed_image(slot)
         demands = [self._demand(s) for s in self._slots if s.active is not None]
-        if not demands:
-            return
-        plan = plan_step(demands, self.config.n_batch)
+        return plan_step(demands, self.config.n_batch) if demands else None
+
+    def _execute(self, plan: StepPlan) -> float:
+        """One forward pass on the threads the plan's tier, the governor and an image encode
+        beside the loop leave it; its time in seconds."""
         planned = threads_for(plan.n_tokens, self.config.tier_threads)
         used = self._images.per_pass_threads(self._governor.threads(self.config, planned))
         self._ctx.set_threads(used)
@@ -500,6 +458,11 @@ class Engine(Reloading):
         self._ctx.decode(list(plan.entries))
         elapsed = time.perf_counter() - t0
         self._governor.record(self.config, plan.n_tokens, planned, used, elapsed * 1000.0)
+        return elapsed
+
+    def _update(self, plan: StepPlan, elapsed: float) -> None:
+        """What the pass fed is now in each sequence's cache; where a prompt ended or a token was
+        decoded, the next token is sampled (which may end the reply)."""
         by_seq = {s.seq: s for s in self._slots}
         decode_tokens = prefill_tokens = 0
         for seq, n in plan.fed:
@@ -589,20 +552,6 @@ class Engine(Reloading):
                 a.job.sink(TextDelta(tail.text, tuple(tail.token_ids)))
         ended = time.perf_counter()
         if a.session is not None and self.sessions.get(a.session.session_id) is a.session:
-            reply = "".join(a.reply)
-            if a.built is not None and a.built.images_dropped:
-                del a.session.images[: a.built.images_dropped]  # their turns were dropped
-            if a.new_image is not None:
-                a.session.images.append(a.new_image)
-            remember_sent(a.session, a.job.resent, reply)
-            a.session.version += 1
-            if a.job.spec.prompt.is_chat:
-                a.session.messages = a.conversation + [("assistant", reply)]
-                reply_tokens.remember(a.session.reply_tokens, reply, slot.cached[len(a.prompt_tokens):],
-                                      self.model.piece, self.model.tokenize, a.session.messages)
-            else:
-                a.session.text = a.prompt_text + reply
-            a.session.tokens = len(slot.cached)
-            a.session.last_used = time.time()
+            remember_turn(a.session, a, "".join(a.reply), slot.cached, self.model)
         self.stats.record_request()
         a.job.sink(finished(a, reason, ended))

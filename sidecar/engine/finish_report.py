@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from sidecar.backend.requests import Finished, FinishReason, Job, Timings, Usage
-from sidecar.engine.slot import ActiveRequest
+from sidecar.engine.scheduling.slot import ActiveRequest
 
 
 def cancelled_before_start(job: Job) -> Finished:

@@ -76,6 +76,11 @@ class Reloading:
             return
         self.encoder = self._open_encoder(self.config)
         self._restore_all(saved)
+        # What the status RPC and the prefix cache's sizing read of the model: another model file
+        # has other facts and another KV size per token.
+        self.facts = self.model.facts()
+        self._kv_bytes_per_token = self.model.kv_bytes_per_token_f16()
+        self.sharing.kv_bytes_per_token = self._kv_bytes_per_token
         if request.config.model_path != old_config.model_path:
             self.sharing.cache.clear()  # states of another model's KV
         self.sharing.cache.max_bytes = request.config.prefix_cache_bytes

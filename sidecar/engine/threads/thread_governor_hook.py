@@ -6,7 +6,7 @@ from __future__ import annotations
 import structlog
 
 from sidecar.backend.engine_config import EngineConfig
-from sidecar.engine.thread_governor import PassBaseline, ThreadGovernor, plan_pass_times, predicted_pass_ms
+from sidecar.engine.threads.thread_governor import PassBaseline, ThreadGovernor, plan_pass_times, predicted_pass_ms
 
 log = structlog.get_logger("engine")
 

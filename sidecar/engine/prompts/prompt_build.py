@@ -20,8 +20,8 @@ from sidecar.backend.chat_segments import (
     segments_text,
     tokenize_segments,
 )
-from sidecar.engine import reply_tokens
-from sidecar.engine.history_trim import NO_TRIM, Trim, plan_trim
+from sidecar.engine.prompts import reply_tokens
+from sidecar.engine.prompts.history_trim import NO_TRIM, Trim, plan_trim
 from sidecar.backend.prompt_layout import new_turn
 from sidecar.backend.requests import IMAGE_MARKER, GenerationSpec
 from sidecar.backend.sessions import Session

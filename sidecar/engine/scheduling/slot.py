@@ -5,10 +5,16 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from sidecar.backend.requests import Job
-from sidecar.engine.sampler_chain import SamplerChain
+from typing import TYPE_CHECKING
+
+from sidecar.backend.requests import ImageReport, Job
 from sidecar.backend.sessions import Session
 from sidecar.backend.text_stream import TextStream
+from sidecar.engine.sampler_chain import SamplerChain
+
+if TYPE_CHECKING:  # annotations only: prompt_build and the encoder import this module's neighbours
+    from sidecar.engine.prompts.prompt_build import BuiltPrompt
+    from sidecar.vision.encoder import EncodedImage
 
 
 @dataclass
@@ -31,10 +37,10 @@ class ActiveRequest:
     prefill_done_at: float | None = None
     first_token_at: float | None = None
     # Index in prompt_tokens of each image's first embedding -> the image (EncodedImage).
-    image_spans: dict[int, object] = field(default_factory=dict)
-    new_image: object | None = None  # encoded for this request; joins the session when it ends
-    built: object | None = None  # the BuiltPrompt: history trimmed for this turn, if any
-    image_report: object | None = None
+    image_spans: dict[int, EncodedImage] = field(default_factory=dict)
+    new_image: EncodedImage | None = None  # encoded for this request; joins the session when it ends
+    built: BuiltPrompt | None = None  # history trimmed for this turn, if any
+    image_report: ImageReport | None = None
     # Set while this request prefills a prefix other requests wait for: its prefill stops there
     # once, so that the sequence holds exactly the prefix when it is saved (prefix_sharing.py).
     share_at: int | None = None

@@ -4,8 +4,8 @@ down, instead of recomputing everything after the persona (seconds for a long hi
 from __future__ import annotations
 
 from sidecar.native.context import NativeContext
-from sidecar.engine.prompt_build import BuiltPrompt
-from sidecar.engine.slot import Slot
+from sidecar.engine.prompts.prompt_build import BuiltPrompt
+from sidecar.engine.scheduling.slot import Slot
 
 
 def shift_out_dropped(ctx: NativeContext, slot: Slot, prompt: BuiltPrompt) -> int:

@@ -14,7 +14,7 @@ import structlog
 from sidecar.native.context import NativeContext
 from sidecar.backend.requests import Job
 from sidecar.backend.sessions import SessionStore
-from sidecar.engine.slot import Slot
+from sidecar.engine.scheduling.slot import Slot
 
 log = structlog.get_logger("engine")
 

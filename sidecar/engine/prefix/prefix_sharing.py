@@ -22,10 +22,10 @@ from __future__ import annotations
 from typing import Callable
 
 from sidecar.native.context import NativeContext
-from sidecar.engine.prefix_cache import PrefixCache
+from sidecar.engine.prefix.prefix_cache import PrefixCache
 from sidecar.backend.requests import Job, Prompt
 from sidecar.backend.sessions import SessionStore
-from sidecar.engine.slot import ActiveRequest, Slot
+from sidecar.engine.scheduling.slot import ActiveRequest, Slot
 from sidecar.errors import SidecarError
 
 BLOCK = 32
@@ -82,11 +82,11 @@ class PrefixSharing:
 
     def __init__(self, cache: PrefixCache, kv_bytes_per_token: int) -> None:
         self.cache = cache
-        self._kv_bytes_per_token = kv_bytes_per_token
+        self.kv_bytes_per_token = kv_bytes_per_token
         self._in_flight: set[tuple[int, ...]] = set()
 
     def worth_cutting(self, cut: int) -> bool:
-        return cut > 0 and self.cache.enabled and self.cache.fits(cut * self._kv_bytes_per_token)
+        return cut > 0 and self.cache.enabled and self.cache.fits(cut * self.kv_bytes_per_token)
 
     def plan(
         self,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from sidecar.native.context import NativeContext
 from sidecar.backend.sessions import SessionStore
-from sidecar.engine.slot import Slot
+from sidecar.engine.scheduling.slot import Slot
 
 
 def packing_moves(slots: list[Slot]) -> list[tuple[Slot, Slot]]:

@@ -1,0 +1,34 @@
+"""A model and its context, loaded as an EngineConfig says: at start-up and on every reload."""
+
+from __future__ import annotations
+
+from sidecar.backend.engine_config import EngineConfig
+from sidecar.native.context import NativeContext
+from sidecar.native.model import NativeModel
+
+
+def load_model_and_context(config: EngineConfig) -> tuple[NativeModel, NativeContext]:
+    """Raises ModelLoadError (or ResourceExhausted for a context that does not fit); nothing is
+    left allocated when it does."""
+    model = NativeModel(
+        config.model_path, n_gpu_layers=config.n_gpu_layers, tensor_overrides=config.tensor_overrides
+    )
+    try:
+        ctx = NativeContext(
+            model,
+            n_seq=config.n_seq,
+            ctx_per_seq=config.n_ctx,
+            n_batch=config.n_batch,
+            n_ubatch=config.n_ubatch,
+            threads_decode=config.threads_decode,
+            threads_prefill=config.threads_prefill,
+            flash_attention=config.flash_attention,
+            op_offload=config.op_offload,
+            kv_on_gpu=config.kv_on_gpu,
+            kv_type=config.kv_type,
+            n_outputs_max=config.n_outputs_max,
+        )
+    except BaseException:
+        model.close()
+        raise
+    return model, ctx

@@ -1,0 +1,1 @@
+"""How many CPU threads a pass runs on: the planned tier's, adjusted by what passes measure."""
