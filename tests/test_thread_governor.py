@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sidecar.engine.thread_governor import GovernorSettings, ThreadGovernor, predicted_pass_ms
+from sidecar.engine.threads.thread_governor import GovernorSettings, ThreadGovernor, predicted_pass_ms
 
 FAST = GovernorSettings(suspect_ratio=1.5, hopeless_ratio=6.0, window=4, down_after=4, probe_after=10,
                         max_probe_after=40, probe_passes=4, keep_gain=0.85)
@@ -81,8 +81,8 @@ def test_without_a_plan_a_prefill_is_not_measured_against_the_decodes() -> None:
     21 s for the same replies)."""
     from pathlib import Path
 
-    from sidecar.engine.config import EngineConfig
-    from sidecar.engine.thread_governor_hook import GovernedThreads, pass_size
+    from sidecar.backend.engine_config import EngineConfig
+    from sidecar.engine.threads.thread_governor_hook import GovernedThreads, pass_size
 
     config = EngineConfig(model_path=Path("unused.gguf"), threads_decode=2, threads_prefill=2)
     assert config.schedule is None
