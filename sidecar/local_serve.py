@@ -34,7 +34,6 @@ from sidecar.lifecycle.daemon_lifecycle import DaemonLifecycle
 from sidecar.profile_refresh import ProfileRefresh, profile_view
 from sidecar.service.budget_control import BudgetControl
 from sidecar.service.core import ServiceInfo, SidecarService
-from sidecar.service.openai_http import start_http
 from sidecar.service.transports import start_transports
 from sidecar.settings import Settings
 
@@ -50,7 +49,6 @@ async def serve_local(settings: Settings, lifecycle: DaemonLifecycle, ready: asy
     )
     service = SidecarService(None, budget, info)
     transports = await start_transports(service, settings, lifecycle.authenticator, serving=False)
-    await start_http(transports, service, settings, lifecycle.authenticator)
     service.info = replace(info, listen_addresses=transports.addresses)
     lifecycle.listening(transports.port)
     log.info("listening", **transports.log_fields(), **lifecycle.log_fields(), phase="starting")

@@ -15,7 +15,6 @@ from sidecar.lifecycle.daemon_lifecycle import DaemonLifecycle
 from sidecar.remote.backend import RemoteBackend, RemoteOptions
 from sidecar.remote.budget import RemoteBudget
 from sidecar.service.core import ServiceInfo, SidecarService
-from sidecar.service.openai_http import start_http
 from sidecar.service.transports import start_transports
 from sidecar.settings import Settings
 
@@ -56,10 +55,9 @@ async def serve_remote(settings: Settings, lifecycle: DaemonLifecycle, ready: as
         info = ServiceInfo(__version__, (), settings.max_message_bytes, settings.stream_interval_ms / 1000.0)
         service = SidecarService(backend, budget, info)
         service.budget_control = RemoteBudget(budget, service.state)  # type: ignore[assignment]
-        transports = await start_transports(service, settings, lifecycle.authenticator)
         # The same OpenAI-compatible API as with a local model, so a plugin that speaks it works in
         # either mode: sessions, budget and auth are the daemon's, generation the server's.
-        await start_http(transports, service, settings, lifecycle.authenticator, model_id=backend.facts.name)
+        transports = await start_transports(service, settings, lifecycle.authenticator, model_id=backend.facts.name)
         service.info = replace(info, listen_addresses=transports.addresses)
         lifecycle.listening(transports.port)
         log.info(

@@ -1,5 +1,9 @@
 """Start and stop every transport in front of the service core: gRPC (loopback TCP or a Unix
-socket) and the WebSocket bridge, with one token and one grace period."""
+socket), the WebSocket bridge and the OpenAI-compatible HTTP API, with one token and one grace
+period.
+
+A transport is one module that decodes its wire format, calls the core (the calls of calls.py, or
+core.generate for a generation) and tells errors by refusals.py's table; it is started here."""
 
 from __future__ import annotations
 
@@ -12,7 +16,7 @@ from grpc_health.v1 import health, health_pb2
 from sidecar.service.auth import Authenticator
 from sidecar.service.core import SidecarService
 from sidecar.service.grpc_server import SERVICE_NAME, PortInUse, start_grpc_server
-from sidecar.service.openai_http import OpenAIHttpServer
+from sidecar.service.openai_http import OpenAIHttpServer, start_http
 from sidecar.service.websocket_bridge import WebSocketBridge
 from sidecar.settings import Settings, format_address
 
@@ -96,10 +100,20 @@ class Transports:
 
 
 async def start_transports(
-    core: SidecarService, settings: Settings, authenticator: Authenticator, serving: bool = True
+    core: SidecarService, settings: Settings, authenticator: Authenticator, serving: bool = True,
+    model_id: str | None = None,
 ) -> Transports:
-    """Bind and start gRPC, then the bridge. PortInUse (everything started is stopped again) when
-    either cannot listen. With `serving` False health says NOT_SERVING until `set_serving`."""
+    """Bind and start gRPC, the bridge, then the HTTP API. PortInUse (everything started is
+    stopped again) when one cannot listen. With `serving` False health says NOT_SERVING until
+    `set_serving`. `model_id` names the model in /v1/models (default: the local model file's
+    stem; remote mode: the server's model)."""
+    transports = await _start_grpc_and_bridge(core, settings, authenticator, serving)
+    await start_http(transports, core, settings, authenticator, model_id=model_id)
+    return transports
+
+
+async def _start_grpc_and_bridge(core: SidecarService, settings: Settings, authenticator: Authenticator,
+                                 serving: bool) -> Transports:
     address = grpc_address(settings)
     # A screenshot may be larger than any other message: an AskImage carrying the largest image
     # accepted must get through (and be refused by size, with a message, above that).

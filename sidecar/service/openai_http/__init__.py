@@ -20,9 +20,9 @@ def http_port(settings) -> int | None:
 
 
 async def start_http(transports, core, settings, authenticator, model_id: str | None = None) -> None:
-    """Start the API beside the other transports (added to `transports`, so it drains with them);
-    PortInUse, with everything started stopped again, when it cannot listen. `model_id` names the
-    model in /v1/models (default: the local model file's stem; remote mode: the server's model)."""
+    """Start the API beside the other transports (transports.start_transports calls it; it is
+    added to `transports`, so it drains with them); PortInUse, with everything started stopped
+    again, when it cannot listen."""
     from sidecar.service.grpc_server import PortInUse
     from sidecar.settings import format_address
 
