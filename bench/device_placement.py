@@ -18,41 +18,9 @@ import argparse
 from pathlib import Path
 
 from bench.common import ScenarioFailed
+from sidecar.measured_placement import load_within, measured_placement
 
 MIB = 1 << 20
-
-# load_within and measured_placement are tests/gpu/device_helpers.py's, which imports the test
-# suite's conftest (and so pytest): the two are repeated here rather than imported from there.
-
-
-def load_within(settings, budget):
-    """Load as the daemon does: plan, load, and re-plan while the measured buffers exceed the grant."""
-    import asyncio
-
-    from sidecar.engine import Engine
-    from sidecar.executor import engine_config, load_plan_inputs
-    from sidecar.service.budget_control import BudgetControl
-    from sidecar.service.state import DaemonState, StateHub
-
-    inputs = load_plan_inputs(settings)
-    engine = Engine(engine_config(settings, budget, inputs))
-    control = BudgetControl(engine, budget, lambda b: engine_config(settings, b, inputs),
-                            StateHub(DaemonState(phase="ready", budget=budget, reason="initial")), lambda: None)
-    asyncio.run(control.fit_to_measured())
-    return engine
-
-
-def measured_placement(engine, model) -> dict[str, str]:
-    """unit name -> "GPU0" when llama.cpp put all of its tensors on the device, else "CPU"."""
-    from sidecar.model_info.units import OUTPUT, sub_layers
-
-    report, device = engine.load_report, engine.config.device
-    where = {}
-    for unit in sub_layers(model):
-        devices = {report.tensor_device(t, model.n_layer, output=unit.kind == OUTPUT) for t in unit.tensors}
-        where[unit.name] = "GPU0" if devices == {device} else "CPU"
-    return where
-
 
 def rows_for(model: Path, budgets: list[int]) -> list[dict]:
     from sidecar.budget import Budget

@@ -14,19 +14,12 @@ conftest.py in this folder would shadow tests/conftest.py, which daemon tests im
 
 from __future__ import annotations
 
-import asyncio
 import threading
-from pathlib import Path
 
 from conftest import require_rpc  # noqa: F401 (re-exported for the device tests)
 
-from sidecar.budget import Budget
 from sidecar.engine import Engine, Finished, GenerationSpec, Prompt, SamplingConfig, TextDelta
-from sidecar.executor import engine_config, load_plan_inputs
-from sidecar.model_info.units import OUTPUT, sub_layers
-from sidecar.service.budget_control import BudgetControl
-from sidecar.service.state import DaemonState, StateHub
-from sidecar.settings import Settings
+from sidecar.measured_placement import load_within, measured_placement  # noqa: F401 (re-exported)
 from sidecar.errors import SidecarError
 
 from sidecar.ggml_rpc import STAND_IN_GPU_HARDWARE
@@ -36,26 +29,6 @@ from sidecar.ggml_rpc import STAND_IN_GPU_HARDWARE
 DEVICE_HARDWARE = STAND_IN_GPU_HARDWARE
 GREEDY = SamplingConfig(temperature=0.0, repeat_penalty=1.0)
 MIB = 1 << 20
-
-
-def load_within(settings: Settings, budget: Budget) -> Engine:
-    """Load as the daemon does: plan, load, and re-plan while the measured buffers exceed the grant."""
-    inputs = load_plan_inputs(settings)
-    engine = Engine(engine_config(settings, budget, inputs))
-    control = BudgetControl(engine, budget, lambda b: engine_config(settings, b, inputs),
-                            StateHub(DaemonState(phase="ready", budget=budget, reason="initial")), lambda: None)
-    asyncio.run(control.fit_to_measured())
-    return engine
-
-
-def measured_placement(engine: Engine, model) -> dict[str, str]:
-    """unit name -> "GPU0" when llama.cpp put all of its tensors on the device, else "CPU"."""
-    report, device = engine.load_report, engine.config.device
-    where = {}
-    for unit in sub_layers(model):
-        devices = {report.tensor_device(t, model.n_layer, output=unit.kind == OUTPUT) for t in unit.tensors}
-        where[unit.name] = "GPU0" if devices == {device} else "CPU"
-    return where
 
 
 def greedy_reply(engine: Engine, text: str, max_tokens: int = 32) -> tuple[list[int], list[int]]:
