@@ -20,6 +20,7 @@ from sidecar.planner.cost_model import (
     compute_seconds,
     copy_seconds,
     pass_cost,
+    pass_figures,
 )
 from sidecar.planner.hardware_model import (
     KernelPoint,
@@ -163,6 +164,47 @@ def test_longer_context_costs_more(llama8):
     kv = 16 * 8192 * 32 * 8 * 128 * 2 * 2  # sequences x tokens x layers x kv heads x dim x (K, V) x F16
     assert long.seconds - short.seconds == pytest.approx(kv / 40e9, rel=0.3)
 
+
+
+def test_a_pass_figures_memo_prices_every_placement_as_a_fresh_pass(llama8):
+    # The search keeps each pass's placement-independent figures and re-sums them per placement;
+    # what it predicts must not depend on what was priced before.
+    hw = laptop_4gb_pcie4x8()
+    units = sub_layers(llama8)
+    memo: dict = {}
+    placements = [tuple(ON_CPU for _ in units), tuple(ON_CPU if u.kind == "embedding" else ON_GPU for u in units),
+                  tuple(ON_CPU if u.kind == "embedding" else (STREAMED, ON_GPU, ON_CPU)[i % 3]
+                        for i, u in enumerate(units))]
+    for shape in (PassShape.decode(4, 512), PassShape.prefill(256, 1024, last=False)):
+        for where in placements:
+            for executor in (OP_OFFLOAD, DOUBLE_BUFFERED):
+                for kv in (frozenset(), frozenset(range(0, 32, 2))):
+                    fresh = pass_cost(hw, llama8, units, where, kv, shape, 8, "F16", executor)
+                    assert pass_cost(hw, llama8, units, where, kv, shape, 8, "F16", executor, memo) == fresh
+    # One entry per (shape, threads, KV type, contention), not per placement.
+    assert len(memo) == 2 * 2
+
+
+def test_unit_costs_are_the_per_device_formulas(qwen):
+    hw = laptop_4gb_pcie4x8()
+    units = sub_layers(qwen)
+    shape = PassShape.decode(4, 0)
+    figures = pass_figures(hw, qwen, units, shape, 8, contention=True)
+    assert len(figures.units) == len(units)
+    experts = next(i for i, u in enumerate(units) if u.kind == MOE_EXPERTS)
+    cost, unit = figures.units[experts], units[experts]
+    assert cost.cpu_seconds == compute_seconds(hw, unit, ON_CPU, shape, 8)
+    assert cost.cpu_contended_seconds == compute_seconds(hw, unit, ON_CPU, shape, 8, busy=True)
+    assert cost.gpu_seconds == compute_seconds(hw, unit, ON_GPU, shape, 8)
+    assert cost.copy_seconds == copy_seconds(hw, unit, shape)
+    assert cost.copy_contended_seconds == copy_seconds(hw, unit, shape, busy=True)
+    assert cost.copy_bytes == unit.bytes_read(4) and cost.has_rows
+    # Without contention the busy figures are never read: they repeat the idle ones.
+    calm = pass_figures(hw, qwen, units, shape, 8).units[experts]
+    assert calm.cpu_contended_seconds == calm.cpu_seconds and calm.copy_contended_seconds == calm.copy_seconds
+    # No GPU: nothing can run or be copied there.
+    alone = pass_figures(cpu_only_box(), qwen, units, shape, 8).units[experts]
+    assert math.isinf(alone.gpu_seconds) and math.isinf(alone.copy_seconds)
 
 @pytest.mark.parametrize(
     "spec, error",

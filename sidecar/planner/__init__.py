@@ -24,7 +24,7 @@ from sidecar.planner.hardware_model import (
 )
 from sidecar.planner.options import PlanOptions
 from sidecar.planner.schedule import Schedule, TierPlan, UnitPlacement
-from sidecar.planner.search import PlanError, plan
+from sidecar.planner.planning import PlanError, plan
 
 __all__ = [
     "CPU_ONLY",

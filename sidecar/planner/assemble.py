@@ -7,7 +7,7 @@ import math
 
 from sidecar.budget import Budget
 from sidecar.model_info.model import ModelInfo
-from sidecar.planner.hardware_model import HardwareModel
+from sidecar.planner.hardware_model import GIB, HardwareModel
 from sidecar.planner.options import PlanOptions
 from sidecar.planner.overrides import tensor_overrides
 from sidecar.planner.schedule import CPU, DECODE, GPU0, PREFILL, Schedule, TierPlan, UnitPlacement
@@ -70,7 +70,7 @@ def build_schedule(model: ModelInfo, hw: HardwareModel, budget: Budget, ctx: int
                      "the GPU backend loads (read once per process)")
     host_bytes = sum(u.weight_bytes for u in units if u.name not in residency.resident)
     if host_bytes > hw.cpu.ram_bytes:
-        notes.append(f"host-resident weights ({host_bytes / (1 << 30):.1f} GiB) exceed RAM: pages will be "
+        notes.append(f"host-resident weights ({host_bytes / GIB:.1f} GiB) exceed RAM: pages will be "
                      "read from disk (mmap), far slower than predicted")
     notes += list(model.notes)
     return Schedule(

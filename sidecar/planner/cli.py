@@ -65,7 +65,7 @@ def run_plan_command(args: argparse.Namespace) -> int:
     from sidecar.planner.cost_model import DOUBLE_BUFFERED, OP_OFFLOAD
     from sidecar.planner.options import PlanOptions
     from sidecar.planner.render import print_schedule, sweep_table
-    from sidecar.planner.search import PlanError, plan
+    from sidecar.planner.planning import PlanError, plan
     from sidecar.planner.sources import load_hardware, load_model
     from sidecar.planner.sweep import sweep, sweep_budgets, write_plot
 

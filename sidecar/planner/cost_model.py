@@ -1,6 +1,9 @@
 """Roofline cost model: how long one forward pass takes for a placement, from the hardware model.
 
-Every figure here is a pure function of frozen inputs. The terms, and why each is there:
+Every figure here is a pure function of frozen inputs. A pass is priced in two steps: what it
+costs wherever its units run (PassFigures: a UnitCost per unit, attention, overheads), then the
+sum for one placement; a search keeps the first step in a memo, as it tries many placements of
+the same pass. The terms, and why each is there:
 
   unit on a device   measured kernel time of the nearest profiled op (measured.py), scaled by
                      max(bytes ratio, FLOPs ratio) (the roofline: a kernel below its ridge point
@@ -23,22 +26,25 @@ Every figure here is a pure function of frozen inputs. The terms, and why each i
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 
 from sidecar.model_info.kv import attention_flops, kv_read_bytes
 from sidecar.model_info.model import ModelInfo
 from sidecar.model_info.units import ATTENTION, EMBEDDING, MOE_EXPERTS, OUTPUT, SubLayer
-from sidecar.planner.hardware_model import GB, HardwareModel
+from sidecar.planner.hardware_model import GB, GRAPH_OVERHEAD, LAYER_OVERHEAD, ON_CPU, ON_GPU, HardwareModel
 from sidecar.planner.measured import measured_overhead, measured_seconds
+from sidecar.profiler.plan import OP_ATTENTION, OP_FFN, OP_MOE
 
-ON_CPU = "cpu"
-ON_GPU = "gpu"
+# A unit runs on the CPU (ON_CPU), on the GPU from VRAM (ON_GPU), or on the GPU with its weights
+# copied over for the pass (STREAMED).
 STREAMED = "streamed"
 
 # --- GPU constants (used where the profile has no GPU figures) -------------------------------
 # Quantized mat-vec kernels reach about this share of the data-sheet VRAM bandwidth.
 GPU_BW_EFFICIENCY = 0.75
-# Quantized matmul (dequantize + MMQ / cuBLAS) reaches about this share of data-sheet FLOPs.
+# Quantized matmul (dequantize + MMQ / cuBLAS) reaches about this share of data-sheet FLOPs; so do
+# the vision encoder's products (vision.py).
 GPU_COMPUTE_EFFICIENCY = 0.5
 # Launch and tail of one kernel; a sub-layer is several kernels.
 GPU_KERNEL_S = 5e-6
@@ -69,9 +75,9 @@ DEVICE_SWITCH_S = 30e-6
 PCIE_COPY_LATENCY_S = 10e-6
 
 # Profile op names by unit kind: which measured kernel a unit's time is read from.
-_OP_BY_KIND = {ATTENTION: "attn_qkvo", MOE_EXPERTS: "moe_experts"}
-_FALLBACK_OPS = {"attn_qkvo": ("attn_qkvo", "ffn"), "ffn": ("ffn", "attn_qkvo"),
-                 "moe_experts": ("moe_experts", "ffn", "attn_qkvo")}
+_OP_BY_KIND = {ATTENTION: OP_ATTENTION, MOE_EXPERTS: OP_MOE}
+_FALLBACK_OPS = {OP_ATTENTION: (OP_ATTENTION, OP_FFN), OP_FFN: (OP_FFN, OP_ATTENTION),
+                 OP_MOE: (OP_MOE, OP_FFN, OP_ATTENTION)}
 
 
 @dataclass(frozen=True)
@@ -186,11 +192,11 @@ def compute_seconds(hw: HardwareModel, unit: SubLayer, device: str, shape: PassS
         # A row lookup: bandwidth only.
         bw = cpu_bandwidth_gbps(hw, threads) if device == ON_CPU else hw.gpu.mem_gbps  # type: ignore[union-attr]
         return unit_bytes / (bw * GB)
-    op = _OP_BY_KIND.get(unit.kind, "ffn")
+    op = _OP_BY_KIND.get(unit.kind, OP_FFN)
     params = unit.flops_per_token / 2.0
     for candidate in _FALLBACK_OPS[op]:
         batch: float = tokens
-        if unit.kind == MOE_EXPERTS and candidate != "moe_experts":
+        if unit.kind == MOE_EXPERTS and candidate != OP_MOE:
             # Without an expert probe, each touched expert is a dense matmul over its share.
             batch = unit.tokens_per_expert(tokens)
             params = unit.flops_per_token / 2.0 / max(unit.n_expert_used, 1)
@@ -222,7 +228,7 @@ def copy_seconds(hw: HardwareModel, unit: SubLayer, shape: PassShape, busy: bool
 def measures_own_attention(hw: HardwareModel, device: str) -> bool:
     """True when the profile's attention op on `device` already includes attention among the
     pass's own tokens (its probe attends over a cache holding exactly the batch)."""
-    return any(k[0] == "attn_qkvo" and k[1] == device for k in hw.kernel_series)
+    return any(k[0] == OP_ATTENTION and k[1] == device for k in hw.kernel_series)
 
 
 def attention_context_seconds(hw: HardwareModel, model: ModelInfo, layer: int, device: str, shape: PassShape,
@@ -249,7 +255,7 @@ def attention_context_seconds(hw: HardwareModel, model: ModelInfo, layer: int, d
 
 def layer_overhead_seconds(hw: HardwareModel, device: str, tokens: int, threads: int) -> float:
     """Per-layer time outside the weight products (norms, rope, residuals, barriers)."""
-    measured = measured_overhead(hw, "layer", device, tokens, threads)
+    measured = measured_overhead(hw, LAYER_OVERHEAD, device, tokens, threads)
     if measured is not None:
         return measured
     return GPU_LAYER_OVERHEAD_S if device == ON_GPU else CPU_LAYER_OVERHEAD_S
@@ -259,10 +265,10 @@ def graph_overhead_seconds(hw: HardwareModel, uses_cpu: bool, uses_gpu: bool, to
     """Per-pass time: graph build, thread start, launch and final synchronisation."""
     total = 0.0
     if uses_cpu or not uses_gpu:
-        measured = measured_overhead(hw, "graph", ON_CPU, tokens, threads)
+        measured = measured_overhead(hw, GRAPH_OVERHEAD, ON_CPU, tokens, threads)
         total += CPU_GRAPH_OVERHEAD_S if measured is None else measured
     if uses_gpu:
-        measured = measured_overhead(hw, "graph", ON_GPU, tokens, threads)
+        measured = measured_overhead(hw, GRAPH_OVERHEAD, ON_GPU, tokens, threads)
         total += GPU_PASS_OVERHEAD_S if measured is None else measured
     return total
 
@@ -277,72 +283,125 @@ def switch_seconds(hw: HardwareModel, model: ModelInfo, tokens: int) -> float:
 # ------------------------------------------------------------------ one pass
 
 
-def _unit_key(unit: SubLayer) -> tuple:
+@dataclass(frozen=True, slots=True)
+class UnitCost:
+    """What one unit costs in one pass for each way it can run (seconds), and what streaming it
+    copies. Slots: these are read in the planner's innermost loop."""
+
+    cpu_seconds: float
+    # On the CPU while the next unit's copy runs beside it (the profile's busy figures); the idle
+    # figure again when the pass cannot overlap copies with compute.
+    cpu_contended_seconds: float
+    gpu_seconds: float  # inf without a GPU
+    copy_seconds: float  # its weights (the experts touched) over PCIe; inf without a GPU
+    # The copy while a CPU split runs beside it (the busy PCIe bandwidth); as above without overlap.
+    copy_contended_seconds: float
+    copy_bytes: float
+    # False when the unit multiplies no rows (the output in a pass that wants no logits): it
+    # then forces no device switch.
+    has_rows: bool
+
+
+def unit_cost(hw: HardwareModel, unit: SubLayer, shape: PassShape, threads: int, contention: bool) -> UnitCost:
+    """The unit's cost in this pass. `contention`: price the busy figures too (only a pass that
+    streams under an executor that overlaps copies reads them)."""
+    rows = unit_tokens(unit, shape)
+    has_gpu = hw.has_gpu
+    cpu = compute_seconds(hw, unit, ON_CPU, shape, threads)
+    copy = copy_seconds(hw, unit, shape) if has_gpu else math.inf
+    return UnitCost(
+        cpu_seconds=cpu,
+        cpu_contended_seconds=compute_seconds(hw, unit, ON_CPU, shape, threads, busy=True) if contention else cpu,
+        gpu_seconds=compute_seconds(hw, unit, ON_GPU, shape, threads) if has_gpu else math.inf,
+        copy_seconds=copy,
+        copy_contended_seconds=copy_seconds(hw, unit, shape, busy=True) if has_gpu and contention else copy,
+        copy_bytes=unit.bytes_read(rows),
+        has_rows=rows > 0,
+    )
+
+
+def cost_signature(unit: SubLayer) -> tuple:
+    """Everything `unit_cost` reads of a unit: units with equal signatures cost the same."""
     return (unit.kind, unit.weight_type, unit.weight_bytes, unit.flops_per_token, unit.bytes_per_token,
             unit.n_expert, unit.n_expert_used)
 
 
-def pass_cost(
-    hw: HardwareModel,
-    model: ModelInfo,
-    units: tuple[SubLayer, ...],
-    where: tuple[str, ...],
-    kv_gpu_layers: frozenset[int],
-    shape: PassShape,
-    threads: int,
-    kv_type: str = "F16",
-    executor: ExecutorModel = OP_OFFLOAD,
-    memo: dict | None = None,
-) -> PassCost:
-    """Predicted cost of one pass with unit i running as where[i] ("cpu", "gpu" or "streamed").
+@dataclass(frozen=True)
+class PassFigures:
+    """The part of one pass's cost that does not depend on where units run, for one (hardware,
+    model, units, shape, threads, KV type, contention); `pass_figures` makes it."""
 
-    Units run in order; attention over the cache runs where that layer's KV lives. `memo`, when
-    given, caches per-unit figures across calls (same hardware and model only).
+    units: tuple[UnitCost, ...]  # one per unit, in order
+    # One layer's attention over the cache by (sliding-window layer, device holding its KV).
+    attention: Mapping[tuple[bool, str], float]
+    layer_overhead: Mapping[str, float]  # by device
+    switch_seconds: float  # one CPU<->GPU hand-over
+
+
+def pass_figures(hw: HardwareModel, model: ModelInfo, units: tuple[SubLayer, ...], shape: PassShape,
+                 threads: int, kv_type: str = "F16", contention: bool = False) -> PassFigures:
+    """The placement-independent figures of one pass (see PassFigures)."""
+    priced: dict[tuple, UnitCost] = {}
+    costs = []
+    for u in units:
+        # Every layer's units usually share shape and type: price each signature once.
+        signature = cost_signature(u)
+        cost = priced.get(signature)
+        if cost is None:
+            cost = priced[signature] = unit_cost(hw, u, shape, threads, contention)
+        costs.append(cost)
+    # Layers' attention differs only by sliding window (kv.py), so one layer of each kind stands
+    # for all of them.
+    swa = frozenset(model.swa_layers)
+    standing_for: dict[bool, int] = {}
+    for u in units:
+        if u.layer is not None and u.kind == ATTENTION:
+            standing_for.setdefault(u.layer in swa, u.layer)
+    kv_devices = (ON_CPU, ON_GPU) if hw.has_gpu else (ON_CPU,)
+    attention = {(sliding, device): attention_context_seconds(hw, model, layer, device, shape, threads, kv_type)
+                 for sliding, layer in standing_for.items() for device in kv_devices}
+    overhead = {device: layer_overhead_seconds(hw, device, shape.tokens, threads) for device in (ON_CPU, ON_GPU)}
+    return PassFigures(tuple(costs), attention, overhead, switch_seconds(hw, model, shape.tokens))
+
+
+# Keys of a figures memo: (shape, threads, KV type, contention).
+FiguresMemo = MutableMapping[tuple[PassShape, int, str, bool], PassFigures]
+
+
+def memoised_pass_figures(memo: FiguresMemo, hw: HardwareModel, model: ModelInfo, units: tuple[SubLayer, ...],
+                          shape: PassShape, threads: int, kv_type: str, contention: bool) -> PassFigures:
+    """`pass_figures`, kept in `memo`: a search prices the same pass under many placements. One
+    memo serves one (hardware, model, units) only; those are not part of its key."""
+    key = (shape, threads, kv_type, contention)
+    figures = memo.get(key)
+    if figures is None:
+        figures = memo[key] = pass_figures(hw, model, units, shape, threads, kv_type, contention)
+    return figures
+
+
+def placed_pass_cost(hw: HardwareModel, model: ModelInfo, units: tuple[SubLayer, ...], where: tuple[str, ...],
+                     kv_gpu_layers: frozenset[int], shape: PassShape, threads: int, executor: ExecutorModel,
+                     figures: PassFigures) -> PassCost:
+    """Cost of one pass with unit i running as where[i], summed from the pass's figures.
+
+    Units run in order; attention over the cache runs where that layer's KV lives.
     """
-    if len(where) != len(units):
-        raise ValueError("one placement per unit")
-    memo = {} if memo is None else memo
+    if len(where) != len(units) or len(figures.units) != len(units):
+        raise ValueError("one placement and one figure per unit")
     streaming = STREAMED in where
     overlap = executor.copy_overlap if streaming else 0.0
     has_gpu = hw.has_gpu
-    local = memo.setdefault(("pass", shape, threads, overlap > 0), {})
-    sigs = memo.setdefault("signatures", {})
-
-    def figures(u: SubLayer) -> tuple[float, float, float, float, float, float, bool]:
-        # (CPU s, CPU s while a copy runs, GPU s, copy s, copy s while the CPU computes, bytes
-        # read, has rows) for this pass; units of identical shape and type (every layer,
-        # usually) share one entry.
-        entry = sigs.get(id(u))
-        if entry is None or entry[0] is not u:
-            entry = sigs[id(u)] = (u, _unit_key(u))
-        found = local.get(entry[1])
-        if found is None:
-            rows = unit_tokens(u, shape)
-            cpu = compute_seconds(hw, u, ON_CPU, shape, threads)
-            copy = copy_seconds(hw, u, shape) if has_gpu else math.inf
-            found = (
-                cpu,
-                compute_seconds(hw, u, ON_CPU, shape, threads, busy=True) if overlap > 0 else cpu,
-                compute_seconds(hw, u, ON_GPU, shape, threads) if has_gpu else math.inf,
-                copy,
-                copy_seconds(hw, u, shape, busy=True) if has_gpu and overlap > 0 else copy,
-                u.bytes_read(rows),
-                rows > 0,
-            )
-            local[entry[1]] = found
-        return found
-
-    switch = switch_seconds(hw, model, shape.tokens)
+    switch = figures.switch_seconds
     swa = frozenset(model.swa_layers)
     cpu_s = gpu_s = copy_s = exposed = overhead = copy_bytes = cpu_busy = 0.0
     switches = 0
     prev_device = ON_CPU  # the token embedding lookup always runs on the host
     layer_device: dict[int, str] = {}
     n = len(units)
-    figs = [figures(u) for u in units]
+    figs = figures.units
     streamed = [w == STREAMED for w in where]
     if streaming and streamed[0]:
-        exposed += figs[0][3]
+        exposed += figs[0].copy_seconds
     for i, u in enumerate(units):
         w = where[i]
         device = ON_CPU if w == ON_CPU else ON_GPU
@@ -351,15 +410,17 @@ def pass_cost(
         # and a copy that really overlap slow each other (the profile's busy figures).
         nxt_streams = i + 1 < n and streamed[i + 1]
         contended = overlap > 0 and device == ON_CPU and nxt_streams
-        nxt = (figs[i + 1][4] if contended else figs[i + 1][3]) if nxt_streams else 0.0
-        c = (f[1] if contended else f[0]) if device == ON_CPU else f[2]
+        if nxt_streams:
+            nxt = figs[i + 1].copy_contended_seconds if contended else figs[i + 1].copy_seconds
+        else:
+            nxt = 0.0
+        if device == ON_CPU:
+            c = f.cpu_contended_seconds if contended else f.cpu_seconds
+        else:
+            c = f.gpu_seconds
         if u.layer is not None and u.kind == ATTENTION:
             kv_device = ON_GPU if has_gpu and u.layer in kv_gpu_layers else ON_CPU
-            # Layers differ here only by sliding window, so they share entries.
-            key = ("attention", u.layer in swa, kv_device)
-            core = local.get(key)
-            if core is None:
-                core = local[key] = attention_context_seconds(hw, model, u.layer, kv_device, shape, threads, kv_type)
+            core = figures.attention[(u.layer in swa, kv_device)]
             if kv_device == device:
                 c += core
             else:
@@ -374,23 +435,19 @@ def pass_cost(
             cpu_s += c
         else:
             gpu_s += c
-        if f[6] and device != prev_device:
+        if f.has_rows and device != prev_device:
             switches += 1
             prev_device = device
         if w == STREAMED:
-            copy_s += f[3]
-            copy_bytes += f[5]
+            copy_s += f.copy_seconds
+            copy_bytes += f.copy_bytes
         if contended:
             cpu_busy += c
         # Per split: max(compute, overlap x next prefetch) + (1 - overlap) x next prefetch.
         exposed += max(c, overlap * nxt) - c + (1.0 - overlap) * nxt
     overhead += switches * switch
-    for layer, device in layer_device.items():
-        key = ("layer", device)
-        per_layer = local.get(key)
-        if per_layer is None:
-            per_layer = local[key] = layer_overhead_seconds(hw, device, shape.tokens, threads)
-        overhead += per_layer
+    for device in layer_device.values():
+        overhead += figures.layer_overhead[device]
     uses_gpu = any(w != ON_CPU for w in where)
     uses_cpu = any(w == ON_CPU for w, u in zip(where, units) if u.kind != EMBEDDING)
     overhead += graph_overhead_seconds(hw, uses_cpu, uses_gpu, shape.tokens, threads)
@@ -401,3 +458,31 @@ def pass_cost(
         # Pageable copies stage through a CPU thread; overlapped CPU splits run at busy speed.
         cpu_busy_seconds=copy_s + cpu_busy,
     )
+
+
+def pass_cost(
+    hw: HardwareModel,
+    model: ModelInfo,
+    units: tuple[SubLayer, ...],
+    where: tuple[str, ...],
+    kv_gpu_layers: frozenset[int],
+    shape: PassShape,
+    threads: int,
+    kv_type: str = "F16",
+    executor: ExecutorModel = OP_OFFLOAD,
+    memo: FiguresMemo | None = None,
+) -> PassCost:
+    """Predicted cost of one pass with unit i running as where[i] ("cpu", "gpu" or "streamed").
+
+    `memo`, when given, keeps the pass's placement-independent figures across calls (same
+    hardware, model and units only: see `memoised_pass_figures`).
+    """
+    if len(where) != len(units):
+        raise ValueError("one placement per unit")
+    # Busy figures matter only when copies overlap compute: a streaming pass, an overlapping executor.
+    contention = STREAMED in where and executor.copy_overlap > 0
+    if memo is None:
+        figures = pass_figures(hw, model, units, shape, threads, kv_type, contention)
+    else:
+        figures = memoised_pass_figures(memo, hw, model, units, shape, threads, kv_type, contention)
+    return placed_pass_cost(hw, model, units, where, kv_gpu_layers, shape, threads, executor, figures)

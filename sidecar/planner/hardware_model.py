@@ -17,10 +17,20 @@ from typing import Any
 from sidecar.budget import parse_size
 from sidecar.planner.disturbed import cap_disturbed, fill_deferred, quiet_ratios
 from sidecar.profiler.database import KernelEntry, ProfileDB
+from sidecar.profiler.hardware import GIB
+from sidecar.profiler.plan import OP_ATTENTION, OP_FFN, OP_GRAPH_OVERHEAD, OP_LAYER_OVERHEAD, OP_MOE
 from sidecar.profiler.quality import entry_disturbed
 
 GB = 1e9
-GIB = 1 << 30
+MIB = 1 << 20
+
+# Where a measured figure (and a unit's compute) runs, in planner terms: a profile names each
+# GPU by its label, the planner has one.
+ON_CPU = "cpu"
+ON_GPU = "gpu"
+# Overhead kinds: per layer (norms, rope, residuals) and per pass (graph build, launch).
+LAYER_OVERHEAD = "layer"
+GRAPH_OVERHEAD = "graph"
 
 # Per-lane PCIe payload bandwidth after line coding, GB/s, by generation.
 PCIE_LANE_GBPS = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938, 6: 7.563}
@@ -44,7 +54,7 @@ CONTENTION_WARNING = 0.1
 class KernelPoint:
     """One measured per-layer op time, in planner terms.
 
-    op: "attn_qkvo", "ffn" or "moe_experts" (the profiler's op names). device: "cpu" or "gpu".
+    op: OP_ATTENTION, OP_FFN or OP_MOE (the profiler's op names). device: ON_CPU or ON_GPU.
     weight_bytes / flops: what the probe's op read and computed at this batch.
     """
 
@@ -66,7 +76,7 @@ class KernelPoint:
 class OverheadPoint:
     """Measured time that is not a weight's matrix product: per layer or per forward pass."""
 
-    kind: str  # "layer" or "graph"
+    kind: str  # LAYER_OVERHEAD or GRAPH_OVERHEAD
     device: str
     batch: int
     threads: int
@@ -175,7 +185,7 @@ def clean_series(points: list[KernelPoint]) -> tuple[list[KernelPoint], int]:
 
 
 def _device(label: str) -> str:
-    return "cpu" if label == "cpu" else "gpu"
+    return ON_CPU if label == "cpu" else ON_GPU
 
 
 def _kernel_points(entries: tuple[KernelEntry, ...], gpu_label: str | None,
@@ -183,7 +193,7 @@ def _kernel_points(entries: tuple[KernelEntry, ...], gpu_label: str | None,
     """(points, figures adjusted to be monotone in batch, disturbed figures capped or estimated)."""
     raw: list[KernelPoint] = []
     for e in entries:
-        if e.op not in ("attn_qkvo", "ffn", "moe_experts") or e.seconds <= 0:
+        if e.op not in (OP_ATTENTION, OP_FFN, OP_MOE) or e.seconds <= 0:
             continue
         if e.device != "cpu" and e.device != gpu_label:
             continue
@@ -194,9 +204,9 @@ def _kernel_points(entries: tuple[KernelEntry, ...], gpu_label: str | None,
     ratios = quiet_ratios(raw)
     capped_points, capped = cap_disturbed(raw, series_key, ratios)
     # Deferred thread counts are CPU thread counts: GPU series run on the most threads measured.
-    cpu = [p for p in capped_points if p.device == "cpu"]
+    cpu = [p for p in capped_points if p.device == ON_CPU]
     filled, estimated = fill_deferred(cpu, series_key, deferred_threads, ratios)
-    capped_points = filled + [p for p in capped_points if p.device != "cpu"]
+    capped_points = filled + [p for p in capped_points if p.device != ON_CPU]
     capped += estimated
     groups: dict[tuple, list[KernelPoint]] = defaultdict(list)
     for p in capped_points:
@@ -217,7 +227,7 @@ def _overhead_points(entries: tuple[KernelEntry, ...], gpu_label: str | None,
     samples: dict[tuple[str, str, int, int], list[float]] = defaultdict(list)
     disturbed: set[tuple[str, str, int, int]] = set()
     for e in entries:
-        kind = {"layer_overhead": "layer", "graph_overhead": "graph"}.get(e.op)
+        kind = {OP_LAYER_OVERHEAD: LAYER_OVERHEAD, OP_GRAPH_OVERHEAD: GRAPH_OVERHEAD}.get(e.op)
         if kind is None or e.condition != "idle" or (e.device != "cpu" and e.device != gpu_label):
             continue
         key = (kind, _device(e.device), e.batch, e.threads)
@@ -229,9 +239,9 @@ def _overhead_points(entries: tuple[KernelEntry, ...], gpu_label: str | None,
     # Overheads are barriers and launches: more threads do not make them cheaper, but a disturbed
     # figure may not make them dearer than the fewer-thread one either.
     capped, _ = cap_disturbed(points, ("kind", "device", "batch"), scale_with_threads=False)
-    cpu = [p for p in capped if p.device == "cpu"]
+    cpu = [p for p in capped if p.device == ON_CPU]
     filled, _ = fill_deferred(cpu, ("kind", "device", "batch"), deferred_threads, scale_with_threads=False)
-    capped = filled + [p for p in capped if p.device != "cpu"]
+    capped = filled + [p for p in capped if p.device != ON_CPU]
     return sorted(capped, key=lambda p: (p.kind, p.device, p.batch, p.threads))
 
 
@@ -263,13 +273,13 @@ def hardware_from_profile(db: ProfileDB) -> HardwareModel:
     dram_by_threads = {b.threads: b.gbps for b in db.bandwidths if b.kind == "dram_read" and b.device == "cpu"}
     dram = db.dram_read_gbps() or DEFAULT_GBPS_PER_CORE * hw.physical_cores
     per_core = dram_by_threads.get(1, dram / max(hw.physical_cores, 1))
-    big = [p for p in points if p.device == "cpu" and not p.busy and p.threads == 1 and p.batch >= 64]
+    big = [p for p in points if p.device == ON_CPU and not p.busy and p.threads == 1 and p.batch >= 64]
     gflops = max((p.flops / p.seconds / GB for p in big), default=DEFAULT_GFLOPS_PER_CORE)
-    busy = [b for b in points if b.busy and b.device == "cpu"]
+    busy = [b for b in points if b.busy and b.device == ON_CPU]
     slowdown = DEFAULT_BUSY_SLOWDOWN
     if busy:
         idle = {(p.op, p.shape, p.weight_type, p.batch, p.threads): p.seconds for p in points
-                if p.device == "cpu" and not p.busy}
+                if p.device == ON_CPU and not p.busy}
         ratios = [b.seconds / idle[k] for b in busy
                   if (k := (b.op, b.shape, b.weight_type, b.batch, b.threads)) in idle and idle[k] > 0]
         slowdown = max(1.0, statistics.median(ratios)) if ratios else slowdown
@@ -291,7 +301,7 @@ def hardware_from_profile(db: ProfileDB) -> HardwareModel:
 def _gpu_from_profile(db: ProfileDB, label: str, points: list[KernelPoint], notes: list[str]) -> GpuSpec:
     device = db.hardware.ggml_gpus[0]
     nvml = db.hardware.gpus[0] if db.hardware.gpus else None
-    gpu_points = [p for p in points if p.device == "gpu"]
+    gpu_points = [p for p in points if p.device == ON_GPU]
     mem = max((p.weight_bytes / p.seconds / GB for p in gpu_points if p.batch == 1), default=0.0)
     tflops = max((p.flops / p.seconds / 1e12 for p in gpu_points), default=0.0)
     if not gpu_points:

@@ -6,9 +6,7 @@ from __future__ import annotations
 import math
 
 from sidecar.model_info.ggml_types import bits_per_weight, known_type
-from sidecar.planner.hardware_model import HardwareModel, KernelPoint
-
-ON_GPU = "gpu"
+from sidecar.planner.hardware_model import ON_GPU, HardwareModel, KernelPoint
 
 
 def _lerp_log(x: float, x0: float, x1: float, y0: float, y1: float) -> float:
@@ -102,7 +100,7 @@ def measured_seconds(hw: HardwareModel, op: str, device: str, weight_type: str, 
 
 
 def measured_overhead(hw: HardwareModel, kind: str, device: str, tokens: int, threads: int) -> float | None:
-    """The profile's "layer" or "graph" overhead at `tokens` and `threads`, or None when absent.
+    """The profile's LAYER_OVERHEAD or GRAPH_OVERHEAD at `tokens` and `threads`, or None when absent.
 
     Linear in batch between measured points (overheads can be near zero, so not log-log) and
     linear in tokens past the largest; threads interpolate in log of the count.

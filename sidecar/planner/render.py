@@ -8,10 +8,8 @@ from rich.table import Table
 from sidecar.budget import format_size
 from sidecar.model_info import ModelInfo
 from sidecar.planner.anchors import Anchor
-from sidecar.planner.hardware_model import HardwareModel
+from sidecar.planner.hardware_model import MIB, HardwareModel
 from sidecar.planner.schedule import Schedule
-
-MIB = 1 << 20
 
 
 def _mib(n: float) -> str:

@@ -14,26 +14,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from sidecar.budget import Budget
 from sidecar.model_info.model import ModelInfo
 from sidecar.model_info.units import SubLayer, sub_layers
-from sidecar.planner.budget_fill import FillInputs
-from sidecar.planner.candidates import (
-    NEVER,
-    Candidate,
-    candidates,
-    execution,
-    family,
-    smallest_gpu_need,
-)
-from sidecar.planner.cost_model import PassCost, PassShape, pass_cost
+from sidecar.planner.budget_fill import FillInputs, Residency
+from sidecar.planner.candidates import NEVER, Candidate, candidates, execution, family
+from sidecar.planner.cost_model import FiguresMemo, PassCost, PassShape, pass_cost
 from sidecar.planner.hardware_model import HardwareModel
 from sidecar.planner.options import PlanOptions
-from sidecar.planner.schedule import DECODE, PREFILL, Schedule
-
-
-class PlanError(ValueError):
-    """No schedule can be made for this request (the message says why and what would work)."""
+from sidecar.planner.schedule import DECODE, PREFILL
 
 
 @dataclass(frozen=True)
@@ -121,9 +109,9 @@ class Evaluator:
                  kv_type: str, threads: tuple[int, ...]) -> None:
         self.model, self.hw, self.units, self.options = model, hw, units, options
         self.kv_type, self.threads = kv_type, threads
-        self._memo: dict = {}
-        self._passes: dict = {}
-        self._where: dict = {}
+        self._figures: FiguresMemo = {}
+        self._passes: dict[tuple, PassCost] = {}
+        self._where: dict[tuple[Residency, bool, bool], tuple[str, ...]] = {}
 
     def passes_cost(self, candidate: Candidate, shapes: tuple[PassShape, ...], threshold: int,
                     threads: int) -> tuple[float, float, float, bool]:
@@ -132,17 +120,17 @@ class Evaluator:
         total = copy = busy = 0.0
         streamed = False
         for shape in shapes:
-            # Where units run depends only on which of the pass's op sizes reach the threshold.
-            where_key = (id(residency), shape.tokens >= threshold, shape.n_outputs >= threshold)
+            # Where units run depends only on which of the pass's op sizes reach the threshold. The
+            # residency (frozen) is its own key: equal residencies place units alike.
+            where_key = (residency, shape.tokens >= threshold, shape.n_outputs >= threshold)
             where = self._where.get(where_key)
-            if where is None or where[0] is not residency:
-                where = self._where[where_key] = (residency, execution(self.units, residency, shape, threshold))
-            where = where[1]
+            if where is None:
+                where = self._where[where_key] = execution(self.units, residency, shape, threshold)
             key = (where, residency.kv_layers, shape, threads)
             cost: PassCost | None = self._passes.get(key)
             if cost is None:
                 cost = pass_cost(self.hw, self.model, self.units, where, residency.kv_layers, shape, threads,
-                                 self.kv_type, self.options.executor, self._memo)
+                                 self.kv_type, self.options.executor, self._figures)
                 self._passes[key] = cost
             total += cost.seconds
             copy += cost.copy_bytes
@@ -243,37 +231,3 @@ def search(model: ModelInfo, hw: HardwareModel, gpu_budget: int, cap: int, ctx: 
                 found = Found(top, inputs, results, ev)
     assert found is not None
     return found
-
-
-def plan(model: ModelInfo, hw: HardwareModel, budget: Budget, ctx: int = 4096,
-         options: PlanOptions = PlanOptions()) -> Schedule:
-    """The best schedule for `model` on `hw` within `budget` (VRAM bytes and CPU thread cap).
-
-    Budget 0 or no GPU gives CPU only, still choosing threads per tier and the micro-batch. A
-    budget that cannot hold even the smallest GPU plan gives the CPU plan, with a note saying
-    how much the smallest GPU plan needs. Raises PlanError for a projector file or a context
-    below one token.
-    """
-    if model.is_projector:
-        raise PlanError(f"{model.name} is a vision projector: plan its language model; the method keeps "
-                        "vision weights on the host and streams them while an image is encoded")
-    if ctx < 1:
-        raise PlanError(f"context of {ctx} tokens: need at least 1")
-    notes: list[str] = []
-    gpu_budget = budget.vram_bytes
-    if budget.vram_bytes and not hw.has_gpu:
-        notes.append(f"{hw.name} has no GPU: the VRAM budget is unused, CPU only")
-        gpu_budget = 0
-    elif hw.gpu and budget.vram_bytes > hw.gpu.vram_bytes:
-        notes.append(f"budget above the GPU's {hw.gpu.vram_bytes / (1 << 30):.1f} GiB: capped")
-        gpu_budget = hw.gpu.vram_bytes
-    found = search(model, hw, gpu_budget, budget.max_cpu_threads, ctx, options)
-    best, inputs = found.result, found.inputs
-    if gpu_budget > 0 and not best.candidate.residency.uses_gpu:
-        need = smallest_gpu_need(inputs)
-        if need > gpu_budget:
-            notes.append(f"budget {gpu_budget / (1 << 20):.0f} MiB is below the smallest GPU plan "
-                         f"({need / (1 << 20):.0f} MiB: compute scratch and a stream slot): CPU only")
-    from sidecar.planner.assemble import build_schedule
-
-    return build_schedule(model, hw, budget, ctx, options, found, notes)

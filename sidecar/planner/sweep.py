@@ -6,12 +6,11 @@ from pathlib import Path
 
 from sidecar.budget import Budget
 from sidecar.model_info import ModelInfo
-from sidecar.planner.hardware_model import GIB, HardwareModel
+from sidecar.planner.hardware_model import GIB, MIB, HardwareModel
 from sidecar.planner.options import PlanOptions
+from sidecar.planner.planning import plan
 from sidecar.planner.schedule import Schedule
-from sidecar.planner.search import plan
 
-MIB = 1 << 20
 _STEPS = (0, 256 * MIB, 512 * MIB, 1 * GIB, 2 * GIB, 3 * GIB, 4 * GIB, 6 * GIB, 8 * GIB, 12 * GIB, 16 * GIB,
           24 * GIB, 32 * GIB, 48 * GIB, 64 * GIB, 96 * GIB)
 

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 from sidecar.budget import Budget
 from sidecar.model_info.model import ModelInfo, VisionInfo
-from sidecar.planner.hardware_model import HardwareModel
+from sidecar.planner.cost_model import GPU_COMPUTE_EFFICIENCY
+from sidecar.planner.hardware_model import GB, HardwareModel
 
 # Projector types whose image token count follows the image's size (llama.cpp's clip preprocessing
 # keeps the aspect ratio and caps the tokens with image_max_tokens). The others (gemma3, idefics3,
@@ -26,8 +27,6 @@ DYNAMIC_RESOLUTION = frozenset({
 # llama.cpp's encoder activations besides attention scores, per patch and embedding width, in
 # float32s: measured 121.25 MiB for a 4096-patch, 1152-wide SigLIP encoder with flash attention.
 ACTIVATION_FLOATS_PER_PATCH_WIDTH = 6.75
-# The GPU reaches about this share of its peak on encoder-sized matrix products.
-GPU_EFFICIENCY = 0.5
 # Fewest output tokens a dynamic-resolution projector is asked for before the encoder moves to the CPU.
 MIN_IMAGE_TOKENS = 64
 
@@ -120,9 +119,10 @@ def patches_for_image(v: VisionInfo, width: int, height: int, max_output_tokens:
 def _encode_ms(cost: EncoderCost, hw: HardwareModel, placement: str, threads: int) -> float:
     if placement == CPU or hw.gpu is None:
         gflops = hw.cpu.gflops_per_core * max(1, threads)
-        return cost.flops / (gflops * 1e9) * 1000.0
-    compute = cost.flops / (hw.gpu.tflops * 1e12 * GPU_EFFICIENCY)
-    copy = cost.weight_bytes / (hw.gpu.pcie_gbps * 1e9) if placement == GPU_STREAMED else 0.0
+        return cost.flops / (gflops * GB) * 1000.0
+    # Encoder-sized matrix products reach the same share of the GPU's peak as the language model's.
+    compute = cost.flops / (hw.gpu.tflops * 1e12 * GPU_COMPUTE_EFFICIENCY)
+    copy = cost.weight_bytes / (hw.gpu.pcie_gbps * GB) if placement == GPU_STREAMED else 0.0
     return (compute + copy) * 1000.0
 
 

@@ -9,9 +9,8 @@ from rich.console import Console, Group
 from rich.table import Table
 
 from sidecar.profiler.database import ProfileDB
+from sidecar.profiler.hardware import GIB
 from sidecar.profiler.plan import OP_GRAPH_OVERHEAD, OP_LAYER_OVERHEAD
-
-GIB = 1 << 30
 
 
 def _gib(n: int | None) -> str:

@@ -19,6 +19,7 @@ from pathlib import Path
 from sidecar.profiler.bandwidth import dram_read_from_entries, measure_memcpy
 from sidecar.profiler.database import SCHEMA_VERSION, BandwidthEntry, KernelEntry, ProfileDB
 from sidecar.profiler.fingerprint import fingerprint_of, llama_build_info
+from sidecar.profiler.gpu_figures import COPY_BYTES, measure_busy_figures, measure_copies
 from sidecar.profiler.hardware import HardwareInfo
 from sidecar.profiler.kernels import RepeatPolicy
 from sidecar.profiler.machine_load import OtherLoadMeter
@@ -71,8 +72,6 @@ def _memcpy_step(plan: ProfilePlan) -> ProfileStep:
 
 
 def _copies_step(gpu) -> ProfileStep:
-    from sidecar.profiler.runner import COPY_BYTES, measure_copies
-
     def measure(_setup: ProbeSetup, _entries: list[KernelEntry]) -> StepResult:
         figures, notes = measure_copies(gpu, COPY_BYTES)
         return StepResult(bandwidths=figures, notes=notes)
@@ -81,8 +80,6 @@ def _copies_step(gpu) -> ProfileStep:
 
 
 def _busy_step(plan: ProfilePlan, gpu) -> ProfileStep:
-    from sidecar.profiler.runner import measure_busy_figures
-
     family = plan.families[0]
     weight_type = "Q4_0" if "Q4_0" in family.weight_types else family.weight_types[0]
 
