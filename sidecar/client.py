@@ -296,7 +296,8 @@ def _pushback_ms(error: grpc.RpcError) -> int | None:
     for key, value in error.trailing_metadata() or ():
         if key == "grpc-retry-pushback-ms":
             try:
-                return max(0, int(value))
+                ms = int(value)
             except ValueError:
                 return None
+            return ms if ms >= 0 else None  # -1: the daemon is shutting down, do not retry
     return None

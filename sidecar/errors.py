@@ -31,6 +31,15 @@ class Unavailable(SidecarError):
     """The daemon is draining or reloading and cannot take the request now; retrying later may work."""
 
 
+class ShuttingDown(Unavailable):
+    """The daemon is draining and takes no new work. Retrying the same daemon is futile, so
+    clients are told not to (gRPC's pushback of -1): a game's retry policy then gives up at once
+    instead of spending its attempts."""
+
+    def __init__(self, message: str = "the daemon is shutting down") -> None:
+        super().__init__(message)
+
+
 class NotReady(Unavailable):
     """The daemon listens but is still getting ready (loading the model): retry after `retry_after_ms`.
 

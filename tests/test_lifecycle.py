@@ -190,6 +190,8 @@ def test_during_the_grace_period_grpc_answers_unavailable_and_health_not_serving
                 refused = _refused_soon(lambda: late.complete(pb.GenerateRequest(prompt="Hi", max_tokens=2)))
             assert refused.code() == grpc.StatusCode.UNAVAILABLE
             assert "shutting down" in refused.details()  # the daemon's answer, not a refused connection
+            # gRFC A6's "do not retry": the client's retry policy gives up at once, not after 5 tries.
+            assert dict(refused.trailing_metadata() or ()).get("grpc-retry-pushback-ms") == "-1"
             with grpc.insecure_channel(running.address) as channel:
                 health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=30)
                 assert health.status == health_pb2.HealthCheckResponse.NOT_SERVING

@@ -295,6 +295,7 @@ def test_a_client_that_reads_late_still_gets_every_frame_in_order(bridge_daemon:
     in the daemon's socket (checked). Nothing is lost: once the client reads, the reply arrives
     whole and in order, ending once, with one answer for every frame sent. (Quickly: the
     server's keepalive drops a client that answers no ping for 20 s.)"""
+    import select
     import socket
     import threading
 
@@ -302,6 +303,7 @@ def test_a_client_that_reads_late_still_gets_every_frame_in_order(bridge_daemon:
     daemon_port = int(port.split("/")[0])
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connecting: the window
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 16384)  # writable means room for a frame
     sock.connect((host, daemon_port))
     call_id = "r" * 128  # the longest id: each refusal repeats it twice
     sent, stop = [0], threading.Event()
@@ -311,8 +313,13 @@ def test_a_client_that_reads_late_still_gets_every_frame_in_order(bridge_daemon:
             ws.send(json.dumps({"id": call_id, "method": "Generate", "request": {**COUNTING, "maxTokens": 200}}))
             duplicate = json.dumps({"id": call_id, "method": "GetStatus"})
 
-            def send_duplicates() -> None:  # blocks once the bridge stops reading us
+            def send_duplicates() -> None:  # idles once the bridge stops reading us
                 while not stop.is_set() and sent[0] < 100_000:
+                    # Only when the socket takes the frame at once: a send blocked inside the
+                    # client holds its lock, so its reader could not answer the daemon's
+                    # keepalive ping, and the two would wait on each other for good.
+                    if not select.select([], [sock], [], 0.05)[1]:
+                        continue
                     ws.send(duplicate)
                     sent[0] += 1
 
@@ -343,14 +350,19 @@ def test_a_client_that_reads_late_still_gets_every_frame_in_order(bridge_daemon:
             # by the daemon only after the reply ended (it sat unread), a GetStatus of its own.
             reply, answers = [], 0
             while not (reply and "end" in reply[-1] and not sender.is_alive() and answers == sent[0]):
-                frame = json.loads(ws.recv(timeout=60))
+                try:
+                    frame = json.loads(ws.recv(timeout=60))
+                except TimeoutError:
+                    raise AssertionError(f"stuck: sent {sent[0]}, answered {answers}, sender alive {sender.is_alive()}, "
+                                         f"reply frames {len(reply)}, last {reply[-1:]}") from None
                 if frame.get("id") is None:
                     assert frame["error"]["code"] == "ALREADY_EXISTS" and frame["error"]["callId"] == call_id
                     answers += 1
-                elif "result" in frame:
-                    assert reply and "end" in reply[-1], "a duplicate was served while the reply ran"
+                elif reply and "end" in reply[-1]:  # after the reply: a duplicate's own answer
+                    assert "result" in frame or "error" in frame, frame
                     answers += 1
                 else:
+                    assert "result" not in frame, "a duplicate was served while the reply ran"
                     reply.append(frame)
                 sender.join(0)
     finally:

@@ -64,6 +64,7 @@ from sidecar.errors import (
     FailedPrecondition,
     InvalidArgument,
     ResourceExhausted,
+    ShuttingDown,
     SidecarError,
     Unavailable,
 )
@@ -151,7 +152,7 @@ class Engine(Reloading):
         is back in force. `force` rebuilds even for a change of threads only."""
         done: Future = Future()
         if self._closing:
-            done.set_exception(Unavailable("the engine is shutting down"))
+            done.set_exception(ShuttingDown("the engine is shutting down"))
             return done
         self._inbox.put(ReloadRequest(config, done, force))
         return done
@@ -238,16 +239,16 @@ class Engine(Reloading):
             if slot.active is not None:
                 self._finish(slot, FinishReason.CANCELLED)
         while self._waiting:
-            self._waiting.popleft().sink(Unavailable("the daemon is shutting down"))
+            self._waiting.popleft().sink(ShuttingDown())
         while True:
             try:
                 item = self._inbox.get_nowait()
             except queue.Empty:
                 break
             if isinstance(item, Job):
-                item.sink(Unavailable("the daemon is shutting down"))
+                item.sink(ShuttingDown())
             elif isinstance(item, ReloadRequest) and item.done.set_running_or_notify_cancel():
-                item.done.set_exception(Unavailable("the daemon is shutting down"))
+                item.done.set_exception(ShuttingDown())
 
     # -- admission ----------------------------------------------------------------------------------
 

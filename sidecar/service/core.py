@@ -18,7 +18,7 @@ from sidecar.api import pb
 from sidecar.budget import Budget, parse_size
 from sidecar.backend.contract import Backend, RequestLimits
 from sidecar.backend.requests import NO_VISION_MODEL, Finished, GenerationSpec, TextDelta
-from sidecar.errors import FailedPrecondition, ResourceExhausted, SidecarError, Unavailable, Unimplemented
+from sidecar.errors import FailedPrecondition, ResourceExhausted, ShuttingDown, SidecarError, Unimplemented
 from sidecar.service import convert, tool_calls
 from sidecar.service.budget_control import BudgetControl, check_thread_cap
 from sidecar.service.collector import StreamCollector
@@ -182,7 +182,7 @@ class SidecarService:
 
     def _refuse_while_draining(self) -> None:
         if self.draining:
-            raise Unavailable("the daemon is shutting down")
+            raise ShuttingDown()
 
     async def watch_state(self) -> AsyncIterator[pb.StateEvent]:
         self._refuse_while_draining()

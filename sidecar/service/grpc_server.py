@@ -40,8 +40,8 @@ async def _abort(context: grpc.aio.ServicerContext, error: BaseException) -> Non
     refusal = refusal_for(error)
     if refusal.unexpected:
         log.exception("unexpected error in a call", exc_info=error)
-    retry = refusal.retry_after_ms  # gRFC A6: clients' retry policies honour this trailer
-    trailers = (("grpc-retry-pushback-ms", str(retry)),) if retry is not None else ()
+    pushback = refusal.grpc_pushback  # gRFC A6: clients' retry policies honour this trailer
+    trailers = (("grpc-retry-pushback-ms", pushback),) if pushback is not None else ()
     await context.abort(refusal.grpc_code, refusal.message, trailing_metadata=trailers)
 
 

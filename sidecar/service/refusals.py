@@ -29,6 +29,16 @@ class Refusal:
     retry_after_ms: int | None
     # Not one of our typed errors: a bug, which the edge logs with its traceback.
     unexpected: bool
+    # Retrying is futile (the daemon is shutting down): gRPC clients are told so by a pushback
+    # of -1, which ends their retry policy at once.
+    futile: bool = False
+
+    @property
+    def grpc_pushback(self) -> str | None:
+        """The `grpc-retry-pushback-ms` trailer (gRFC A6): a delay, or -1 for "do not retry"."""
+        if self.futile:
+            return "-1"
+        return None if self.retry_after_ms is None else str(self.retry_after_ms)
 
     @property
     def code_name(self) -> str:
@@ -60,7 +70,8 @@ def refusal_for(error: BaseException) -> Refusal:
     retry = getattr(error, "retry_after_ms", None)
     for kind, code, status, openai_type in _TABLE:
         if isinstance(error, kind):
-            return Refusal(code, status, openai_type, message, retry, unexpected=False)
+            return Refusal(code, status, openai_type, message, retry, unexpected=False,
+                           futile=isinstance(error, errors.ShuttingDown))
     return Refusal(grpc.StatusCode.INTERNAL, 500, "server_error", message, None,
                    unexpected=not isinstance(error, errors.SidecarError))
 

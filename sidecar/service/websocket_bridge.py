@@ -19,7 +19,7 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
-from sidecar.errors import ResourceExhausted, Unavailable
+from sidecar.errors import ResourceExhausted, ShuttingDown
 from sidecar.service import json_frames as frames
 from sidecar.service.auth import Authenticator, token_from_auth_frame, token_from_header
 from sidecar.service.core import SidecarService
@@ -202,7 +202,7 @@ class _Connection:
     async def _start(self, frame: frames.CallFrame) -> None:
         key = frames.call_key(frame.call_id)
         if self.bridge.draining:
-            await self._send_error(frame.call_id, Unavailable("the daemon is shutting down"))
+            await self._send_error(frame.call_id, ShuttingDown())
         elif key in self.calls:
             # Not an error frame of that id: the client would take it for the running call's end.
             await self.outbox.put(frames.duplicate_id_frame(frame.call_id, f"call id {frame.call_id!r} is in flight; the new call was refused"))
