@@ -34,7 +34,8 @@ SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Sidecar"].full_name  # "xlm.v1.Si
 
 # gRPC's own retries (gRFC A6), for the calls the daemon refuses while it still loads its model:
 # UNAVAILABLE with a grpc-retry-pushback-ms trailer, which sets the wait before the next attempt
-# (the backoff below then only spaces other UNAVAILABLEs: shutting down, not listening). A call is
+# (the backoff below then only spaces other UNAVAILABLEs, such as a daemon not listening yet; one
+# shutting down sends -1, which ends the retries at once). A call is
 # retried only while nothing of its answer has come (a Trailers-Only refusal: no headers, no
 # message), so a reply is never generated twice; its deadline bounds every attempt and wait.
 # gRPC clamps maxAttempts to 5, so with the daemon's 500 ms hint it covers a load of about 2 s;

@@ -31,10 +31,8 @@ import structlog
 
 from sidecar.backend.engine_config import EngineConfig
 from sidecar.backend.load_report import parse_load_log
-from sidecar.native.context import NativeContext
 from sidecar.native.log_capture import install_native_log_filter
 from sidecar.backend.contract import BackendSnapshot, RequestLimits
-from sidecar.native.model import NativeModel
 from sidecar.backend.phase import EnginePhase
 from sidecar.engine.prompts.context_shift import shift_out_dropped
 from sidecar.engine.image_encodes import ImageEncodes
@@ -79,7 +77,7 @@ class Engine(Reloading):
         install_native_log_filter()
         self.phase = EnginePhase.LOADING
         self.config = config
-        self.model, self._ctx = self._load(config)
+        self.model, self._ctx = load_model_and_context(config)
         self.load_report = parse_load_log(self.model.load_log + self._ctx.load_log)
         self.facts = self.model.facts()
         self._inbox: queue.Queue[InboxMessage] = queue.Queue()
@@ -97,10 +95,6 @@ class Engine(Reloading):
         self._thread = threading.Thread(target=self._run, name="xlm-engine", daemon=True)
         self.phase = EnginePhase.READY
         self._thread.start()
-
-    @staticmethod
-    def _load(config: EngineConfig) -> tuple[NativeModel, NativeContext]:
-        return load_model_and_context(config)
 
     def _open_encoder(self, config: EngineConfig) -> VisionEncoder | None:
         """The in-loop encoder of a GPU plan; a CPU encoder runs beside the loop (image_encodes.py)."""

@@ -21,6 +21,7 @@ import structlog
 from sidecar.backend.engine_config import EngineConfig, same_placement
 from sidecar.backend.load_report import parse_load_log
 from sidecar.backend.phase import EnginePhase
+from sidecar.engine.loading import load_model_and_context
 from sidecar.errors import EngineFailure, SidecarError
 
 log = structlog.get_logger("engine")
@@ -63,12 +64,12 @@ class Reloading:
         self._ctx.close()
         self.model.close()
         try:
-            self.model, self._ctx = self._load(request.config)
+            self.model, self._ctx = load_model_and_context(request.config)
             self.config = request.config
             self.load_report = parse_load_log(self.model.load_log + self._ctx.load_log)
         except SidecarError as e:
             log.error("reload failed; restoring the previous configuration", error=str(e))
-            self.model, self._ctx = self._load(old_config)
+            self.model, self._ctx = load_model_and_context(old_config)
             self.encoder = self._open_encoder(old_config)
             self._restore_all(saved)
             self.phase = EnginePhase.READY

@@ -67,22 +67,16 @@ def sampling_from_pb(s: pb.SamplingParams) -> SamplingConfig:
     return SamplingConfig(**values)
 
 
-def grammar_for(json_schema: str) -> str | None:
+def grammar_for(json_schema: str, compile_grammar: bool = True) -> str | None:
     """The GBNF grammar of a request's JSON schema; None without one, or for a schema that admits
-    anything (`true`)."""
+    anything (`true`). Its bounds are checked either way; without `compile_grammar` (a backend
+    that compiles schemas itself) nothing is compiled here."""
     if not json_schema:
         return None
     schema = normalized_schema(json_schema)
-    if schema is None:
+    if schema is None or not compile_grammar:
         return None
     return check_grammar(json_schema_grammar(schema))
-
-
-def _checked_schema(json_schema: str) -> None:
-    """The schema's bounds, for a backend that compiles schemas itself: no grammar here."""
-    if json_schema:
-        normalized_schema(json_schema)
-    return None
 
 
 def request_text_bytes(r: pb.GenerateRequest) -> dict[str, int]:
@@ -172,7 +166,7 @@ def generation_spec_from_pb(r: pb.GenerateRequest, max_prompt_tokens: int | None
         sampling=sampling_from_pb(r.sampling),
         max_tokens=r.max_tokens or DEFAULT_MAX_TOKENS,
         stop=stops,
-        grammar=grammar_for(json_schema) if compile_grammar else _checked_schema(json_schema),
+        grammar=grammar_for(json_schema, compile_grammar),
         json_schema=json_schema,
         session_id=r.session_id,
         reset_session=r.reset_session,

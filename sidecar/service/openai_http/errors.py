@@ -47,7 +47,7 @@ def status_for(error: BaseException) -> tuple[int, str, str]:
 
 def error_body(error: BaseException, param: str | None = None) -> tuple[int, dict]:
     status, type_, code = status_for(error)
-    if refusal_for(error).unexpected and not isinstance(error, HttpRefusal):
+    if refusal_for(error).unexpected:
         log.exception("unexpected error in an HTTP call", exc_info=error)
     message = str(error) or type(error).__name__
     return status, {"error": {"message": message, "type": type_, "param": param, "code": code}}
@@ -60,7 +60,7 @@ def error_response(error: BaseException, param: str | None = None) -> JSONRespon
     headers = {}
     if status == 401:
         headers["WWW-Authenticate"] = "Bearer"
-    retry = None if isinstance(error, HttpRefusal) else refusal_for(error).retry_after_header
+    retry = refusal_for(error).retry_after_header
     if retry is not None:
         headers["Retry-After"] = retry
     return JSONResponse(body, status_code=status, headers=headers or None)
