@@ -74,6 +74,15 @@ class Reply:
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
     final: pb.GenerationFinal | None = None
+    # One per token, when the request asked for logprobs.
+    logprobs: list[pb.TokenLogprob] = field(default_factory=list)
+
+    def add(self, chunk: pb.GenerateChunk) -> None:
+        self.text += chunk.text
+        self.token_ids.extend(chunk.token_ids)
+        self.logprobs.extend(chunk.logprobs)
+        if chunk.HasField("final"):
+            self.final = chunk.final
 
 
 class SidecarClient:
@@ -190,10 +199,7 @@ class SidecarClient:
         )
         for chunk in self.generate(request):
             if reply is not None:
-                reply.text += chunk.text
-                reply.token_ids.extend(chunk.token_ids)
-                if chunk.HasField("final"):
-                    reply.final = chunk.final
+                reply.add(chunk)
             if chunk.text:
                 yield chunk.text
 
@@ -226,21 +232,37 @@ class SidecarClient:
         )
         reply = Reply()
         for chunk in self.ask_image_stream(request):
-            reply.text += chunk.text
-            reply.token_ids.extend(chunk.token_ids)
-            if chunk.HasField("final"):
-                reply.final = chunk.final
+            reply.add(chunk)
         return reply
 
     def complete(self, request: pb.GenerateRequest) -> Reply:
         """Run a generation to the end and return the whole reply."""
         reply = Reply()
         for chunk in self.generate(request):
-            reply.text += chunk.text
-            reply.token_ids.extend(chunk.token_ids)
-            if chunk.HasField("final"):
-                reply.final = chunk.final
+            reply.add(chunk)
         return reply
+
+    def candidates(self, request: pb.GenerateRequest, n: int) -> list[Reply]:
+        """`n` candidate replies to one prompt (the player picks a line), computed side by side
+        from one prefill of the prompt."""
+        request = pb.GenerateRequest.FromString(request.SerializeToString())
+        request.n = n
+        replies = [Reply() for _ in range(n)]
+        for chunk in self.generate(request):
+            replies[chunk.index].add(chunk)
+        return replies
+
+    def embed(self, texts: list[str]) -> list[list[float]]:
+        """Unit vectors for short texts (an NPC's memory: compare by dot product)."""
+        response = self._stub.Embed(pb.EmbedRequest(input=texts), timeout=self.timeout_s)
+        return [list(e.values) for e in response.embeddings]
+
+    def tokenize(self, text: str, *, add_special: bool = False, parse_special: bool = False) -> list[int]:
+        request = pb.TokenizeRequest(text=text, add_special=add_special, parse_special=parse_special)
+        return list(self._stub.Tokenize(request, timeout=self.timeout_s).tokens)
+
+    def detokenize(self, tokens: list[int]) -> str:
+        return self._stub.Detokenize(pb.DetokenizeRequest(tokens=tokens), timeout=self.timeout_s).text
 
     def status(self) -> pb.Status:
         return self._stub.GetStatus(pb.GetStatusRequest(), timeout=self.timeout_s)

@@ -40,5 +40,8 @@ def test_api_is_versioned_and_complete() -> None:
         "WatchState": ("WatchStateRequest", "StateEvent"),
         "GetStatus": ("GetStatusRequest", "Status"),
         "EndSession": ("EndSessionRequest", "EndSessionResponse"),
+        "Embed": ("EmbedRequest", "EmbedResponse"),
+        "Tokenize": ("TokenizeRequest", "TokenizeResponse"),
+        "Detokenize": ("DetokenizeRequest", "DetokenizeResponse"),
     }
     assert hasattr(rpc, "SidecarStub") and grpc is not None

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Callable, Protocol, runtime_checkable
 
 from sidecar.backend.engine_config import EngineConfig
 from sidecar.backend.load_report import LoadReport
@@ -52,6 +52,13 @@ class RequestLimits:
     # JSON schemas are compiled to a llama.cpp grammar here. A remote server compiles its own, so
     # remote mode checks a schema's size but never loads llama.cpp's grammar code.
     compiles_grammar: bool
+    # The model's vocabulary size (logit_bias token ids are checked against it); None: unknown here.
+    vocabulary: int | None = None
+    # KV cells one conversation may fill (what /props reports as n_ctx); None: the server's.
+    context_per_sequence: int | None = None
+    # The model is loaded here: call_model (tokenize, detokenize, embed) and token log
+    # probabilities work, and caller-written GBNF grammars are taken.
+    model_calls: bool = False
 
 
 @dataclass(frozen=True)
@@ -73,6 +80,18 @@ class BackendSnapshot:
     prefix_cache: PrefixCacheStats | None = None
 
 
+class ModelOps(Protocol):
+    """What call_model's function may do with the model."""
+
+    def tokenize(self, text: str, add_special: bool, parse_special: bool) -> list[int]: ...
+
+    def detokenize(self, tokens: list[int]) -> str: ...
+
+    def embed(self, texts: list[str]) -> tuple[list[list[float]], int]:
+        """One unit vector per text, and the tokens the texts took."""
+        ...
+
+
 @runtime_checkable
 class Backend(Protocol):
     """The contract. `submit` is called on the daemon's event loop and must not block it; the
@@ -92,6 +111,11 @@ class Backend(Protocol):
 
     def end_session(self, session_id: str) -> int:
         """Forget a session; the tokens it held. NotFound if unknown."""
+        ...
+
+    def call_model(self, run: Callable[[ModelOps], object]) -> Future:
+        """Run `run` on the loaded model where that is safe (between passes); the future holds its
+        result. Unimplemented where no model is loaded here (limits.model_calls False)."""
         ...
 
     def snapshot(self) -> BackendSnapshot: ...

@@ -19,6 +19,9 @@ IMAGE_MARKER = "<__xlm_image__>"
 # A reply's length when the request does not say (every transport's default).
 DEFAULT_MAX_TOKENS = 256
 
+# Alternatives per token a request may ask for with its log probabilities (OpenAI's top_logprobs).
+MAX_TOP_LOGPROBS = 20
+
 # What an image request hears from a daemon started without a projector, on every way in.
 NO_VISION_MODEL = "this daemon has no vision model; start it with --mmproj PROJECTOR.gguf"
 
@@ -63,7 +66,8 @@ class Prompt:
 
 @dataclass(frozen=True)
 class GenerationSpec:
-    """One generation request, validated. `grammar` is GBNF text (from a JSON schema) or None."""
+    """One generation request, validated. `grammar` is GBNF text (from a JSON schema, or the
+    caller's own) or None."""
 
     prompt: Prompt
     sampling: SamplingConfig = SamplingConfig()
@@ -83,6 +87,15 @@ class GenerationSpec:
     # AskImage: the screenshot (None for a follow-up about the session's last image).
     image: RgbImage | None = None
     asks_about_image: bool = False
+    # Each sampled token's log probability, with this many likeliest alternatives; None: none.
+    logprobs: int | None = None
+    # One of several candidates for the same prompt submitted together (n > 1): the prompt is
+    # computed once, by whichever starts first, and copied to the others (prefix_sharing.py).
+    shares_prompt: bool = False
+
+    def __post_init__(self) -> None:
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
+            raise InvalidArgument(f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}")
 
 
 class FinishReason(enum.Enum):
@@ -94,11 +107,30 @@ class FinishReason(enum.Enum):
 
 
 @dataclass(frozen=True)
+class TokenChoice:
+    """A token and its log probability under the model (natural log, before sampling settings)."""
+
+    token_id: int
+    piece: bytes  # the token's bytes; may be part of a character
+    logprob: float
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A sampled token's log probability and the likeliest alternatives at its position."""
+
+    chosen: TokenChoice
+    top: tuple[TokenChoice, ...] = ()
+
+
+@dataclass(frozen=True)
 class TextDelta:
-    """New text (valid UTF-8) and the tokens it came from."""
+    """New text (valid UTF-8) and the tokens it came from; with logprobs asked for, one entry per
+    token, in order."""
 
     text: str
     token_ids: tuple[int, ...]
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,13 @@ from dataclasses import dataclass
 
 from sidecar.errors import InvalidArgument
 
+# OpenAI's range for a logit bias; at -100 a token is banned outright (the sampler sees -inf), as
+# OpenAI documents it ("should result in a ban") and llama-server does for `false`.
+MAX_LOGIT_BIAS = 100.0
+BAN = -100.0
+# More entries than any word list a game bans; each is a hash-map insert in the sampler, per request.
+MAX_LOGIT_BIAS_ENTRIES = 1024
+
 
 @dataclass(frozen=True)
 class SamplingConfig:
@@ -25,6 +32,9 @@ class SamplingConfig:
     # OpenAI's frequency and presence penalties, over the repeat_last_n window; 0 is off.
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
+    # (token id, bias) pairs added to the logits before anything else looks at them; token ids are
+    # checked against the model's vocabulary where it is known (the engine, at admission).
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
         checks = [
@@ -41,6 +51,13 @@ class SamplingConfig:
         for ok, message in checks:
             if not ok:
                 raise InvalidArgument(message)
+        if len(self.logit_bias) > MAX_LOGIT_BIAS_ENTRIES:
+            raise InvalidArgument(f"logit_bias has {len(self.logit_bias)} entries; at most {MAX_LOGIT_BIAS_ENTRIES}")
+        for token, bias in self.logit_bias:
+            if token < 0:
+                raise InvalidArgument(f"logit_bias: token id {token} is negative")
+            if not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:  # NaN fails this too
+                raise InvalidArgument(f"logit_bias for token {token} is {bias}; biases are between -100 and 100")
 
     @property
     def greedy(self) -> bool:

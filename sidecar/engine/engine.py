@@ -25,6 +25,7 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import Future
+from typing import Callable
 
 import llama_cpp
 import structlog
@@ -45,6 +46,7 @@ from sidecar.engine.scheduling.packing import packing_moves, swap
 from sidecar.engine.loading import load_model_and_context
 from sidecar.engine.session_turn import remember_turn
 from sidecar.engine.inbox import ImageReady, InboxMessage, Stop
+from sidecar.engine.model_calls import ModelCall, ModelCalls
 from sidecar.engine.reload import Reloading, ReloadRequest
 from sidecar.engine.scheduling.resent_admission import check_not_ended, resolve_waiting, still_resolved
 from sidecar.backend.requests import NO_VISION_MODEL, FinishReason, GenerationSpec, Job, Sink, TextDelta
@@ -56,7 +58,8 @@ from sidecar.engine.scheduling.slot_choice import choose_slot, common_prefix, ev
 from sidecar.backend.stats import ThroughputStats
 from sidecar.engine.scheduling.step import SequenceDemand, StepPlan, plan_step, threads_for
 from sidecar.engine.threads.thread_governor_hook import GovernedThreads
-from sidecar.backend.text_stream import TextStream
+from sidecar.backend.text_stream import TextChunk, TextStream
+from sidecar.engine.token_logprobs import logprob_at, take
 from sidecar.errors import (
     EngineFailure,
     FailedPrecondition,
@@ -92,6 +95,7 @@ class Engine(Reloading):
         self._closing = False
         self.last_reload_pause_ms = 0.0
         self._governor = GovernedThreads()
+        self.model_calls = ModelCalls(lambda: self.model, lambda: self._governor.threads(self.config, self.config.threads_prefill))
         self._thread = threading.Thread(target=self._run, name="xlm-engine", daemon=True)
         self.phase = EnginePhase.READY
         self._thread.start()
@@ -135,7 +139,18 @@ class Engine(Reloading):
             max_tokens_per_request=self.config.max_tokens_per_request,
             vision=self.config.vision is not None,
             compiles_grammar=True,
+            vocabulary=self.model.n_vocab,
+            context_per_sequence=self._ctx.ctx_per_seq,
+            model_calls=True,
         )
+
+    def call_model(self, run: Callable[[ModelCalls], object]) -> Future:
+        """Tokenize, detokenize or embed (model_calls.py) on the engine thread, between passes."""
+        if self._closing or self.phase is EnginePhase.STOPPED:
+            raise Unavailable(f"the engine is {self.phase.value}")
+        call = ModelCall(run)
+        self._inbox.put(call)
+        return call.done
 
     def reload(self, config: EngineConfig, *, force: bool = False) -> Future:
         """Switch to a new configuration at the next step boundary, keeping every conversation.
@@ -189,6 +204,7 @@ class Engine(Reloading):
         if self.encoder is not None:
             self.encoder.close()
         self._images.close()
+        self.model_calls.release()
         self._ctx.close()
         self.model.close()
         self.phase = EnginePhase.STOPPED
@@ -208,6 +224,9 @@ class Engine(Reloading):
                 continue  # gather everything that arrived before composing the next pass
             if isinstance(message, ReloadRequest):
                 self._reload_if_wanted(message)
+                continue
+            if isinstance(message, ModelCall):
+                message.execute(self.model_calls)
                 continue
             self._admit()
             if any(s.busy for s in self._slots):
@@ -241,7 +260,7 @@ class Engine(Reloading):
                 break
             if isinstance(item, Job):
                 item.sink(ShuttingDown())
-            elif isinstance(item, ReloadRequest) and item.done.set_running_or_notify_cancel():
+            elif isinstance(item, (ReloadRequest, ModelCall)) and item.done.set_running_or_notify_cancel():
                 item.done.set_exception(ShuttingDown())
 
     # -- admission ----------------------------------------------------------------------------------
@@ -521,10 +540,10 @@ class Engine(Reloading):
             self._finish(slot, FinishReason.STOP)
             return
         a.generated += 1
-        chunk = a.stream.push(token, self.model.piece(token))
-        if chunk.text or chunk.token_ids:
-            a.reply.append(chunk.text)
-            a.job.sink(TextDelta(chunk.text, tuple(chunk.token_ids)))
+        if a.job.spec.logprobs is not None:
+            a.pending_logprobs.append(logprob_at(self._ctx.ptr, index, self.model.n_vocab, token,
+                                                 a.job.spec.logprobs, self.model.piece))
+        self._send(a, a.stream.push(token, self.model.piece(token)))
         if a.stream.stopped:
             self._finish(slot, FinishReason.STOP_STRING)
         elif a.generated >= a.job.spec.max_tokens:
@@ -534,6 +553,12 @@ class Engine(Reloading):
         else:
             a.next_token = token
 
+    @staticmethod
+    def _send(a: ActiveRequest, chunk: TextChunk) -> None:
+        if chunk.text or chunk.token_ids:
+            a.reply.append(chunk.text)
+            a.job.sink(TextDelta(chunk.text, tuple(chunk.token_ids), take(a.pending_logprobs, len(chunk.token_ids))))
+
     def _finish(self, slot: Slot, reason: FinishReason) -> None:
         a = slot.active
         slot.active = None
@@ -541,10 +566,7 @@ class Engine(Reloading):
         self.sharing.abandon(a)
         a.sampler.close()
         if not a.stream.stopped:
-            tail = a.stream.finish()
-            if tail.text or tail.token_ids:
-                a.reply.append(tail.text)
-                a.job.sink(TextDelta(tail.text, tuple(tail.token_ids)))
+            self._send(a, a.stream.finish())
         ended = time.perf_counter()
         if a.session is not None and self.sessions.get(a.session.session_id) is a.session:
             remember_turn(a.session, a, "".join(a.reply), slot.cached, self.model)

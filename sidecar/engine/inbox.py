@@ -1,5 +1,5 @@
 """What other threads hand the engine thread, through its one queue: requests (Job), reloads
-(ReloadRequest), and these two signals."""
+(ReloadRequest), calls on the model (ModelCall), and these two signals."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Union
 
 from sidecar.backend.requests import Job
+from sidecar.engine.model_calls import ModelCall
 from sidecar.engine.reload import ReloadRequest
 
 
@@ -20,4 +21,4 @@ class Stop:
     """close(): finish what runs as cancelled, refuse what waits, end the thread."""
 
 
-InboxMessage = Union[Job, ReloadRequest, ImageReady, Stop]
+InboxMessage = Union[Job, ReloadRequest, ModelCall, ImageReady, Stop]

@@ -61,6 +61,7 @@ class Reloading:
         if self.encoder is not None:
             self.encoder.close()  # it holds the old text model's pointer
             self.encoder = None
+        self.model_calls.release()  # its embedding context is on the old model
         self._ctx.close()
         self.model.close()
         try:

@@ -2,17 +2,30 @@
 
 from __future__ import annotations
 
+import math
 import secrets
 
 import llama_cpp
 
-from sidecar.backend.sampling import SamplingConfig
+from sidecar.backend.sampling import BAN, SamplingConfig
 from sidecar.errors import InvalidArgument
 
 
 # Candidates the repetition penalty considers when the request disables top-k: the penalty only
 # lowers logits, so tokens far below the top cannot win because of it.
 PENALTY_TOP_K = 64
+
+
+def logit_bias_sampler(n_vocab: int, biases: tuple[tuple[int, float], ...]) -> object:
+    """llama.cpp's logit-bias sampler; a bias at SamplingConfig's BAN becomes -inf, a true ban."""
+    entries = (llama_cpp.llama_logit_bias * len(biases))()
+    for entry, (token, bias) in zip(entries, biases):
+        if token >= n_vocab:
+            raise InvalidArgument(f"logit_bias: token id {token} is not in the model's vocabulary of {n_vocab}")
+        entry.token = token
+        entry.bias = -math.inf if bias <= BAN else bias
+    # llama.cpp copies the entries into the sampler, so the array may go when this returns.
+    return llama_cpp.llama_sampler_init_logit_bias(n_vocab, len(biases), entries)
 
 
 class SamplerChain:
@@ -37,10 +50,15 @@ class SamplerChain:
         # candidate up in a hash map: on a 50k vocabulary that is most of a millisecond per token,
         # on 40 candidates nothing (llama.cpp's own advice). The penalty only lowers logits, so
         # it can only reorder within the top k; then the other truncations, then temperature.
+        if config.logit_bias:
+            # First, so every later step (the grammar's masks, top-k, the distribution) sees the
+            # biased logits, as OpenAI defines logit_bias.
+            self._add(logit_bias_sampler(n_vocab, config.logit_bias), "logit bias")
         if grammar is not None:
             sampler = llama_cpp.llama_sampler_init_grammar(vocab, grammar.encode("utf-8"), b"root")
             if not sampler:
-                raise InvalidArgument("the grammar derived from the JSON schema could not be parsed")
+                raise InvalidArgument("the grammar could not be parsed by llama.cpp (GBNF with a `root` rule; "
+                                      "see llama.cpp's grammars/README.md)")
             self._add(sampler, "grammar")
         penalize = config.repeat_last_n > 0 and (
             config.repeat_penalty != 1.0 or config.frequency_penalty != 0.0 or config.presence_penalty != 0.0

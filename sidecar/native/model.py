@@ -125,6 +125,21 @@ class NativeModel:
                 return list(out[:n])
             capacity = -n
 
+    def detokenize(self, tokens: list[int]) -> str:
+        """The text of `tokens`, control tokens written out (<|im_end|>), as /detokenize shows them.
+        Ids outside the vocabulary are InvalidArgument: llama.cpp would read past its tables."""
+        bad = next((t for t in tokens if not 0 <= t < self.n_vocab), None)
+        if bad is not None:
+            raise InvalidArgument(f"token id {bad} is not in the model's vocabulary of {self.n_vocab}")
+        ids = (llama_cpp.llama_token * max(len(tokens), 1))(*tokens)
+        capacity = 16 * len(tokens) + 16
+        while True:
+            buf = ctypes.create_string_buffer(capacity)
+            n = llama_cpp.llama_detokenize(self.vocab, ids, len(tokens), buf, capacity, False, True)
+            if n >= 0:
+                return buf.raw[:n].decode("utf-8", errors="replace")
+            capacity = -n
+
     def piece(self, token: int) -> bytes:
         """The bytes one token stands for. Control tokens (end of turn) render as nothing."""
         n = llama_cpp.llama_token_to_piece(self.vocab, token, self._piece_buf, len(self._piece_buf), 0, False)

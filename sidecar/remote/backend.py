@@ -33,7 +33,7 @@ from sidecar.backend.stats import ThroughputStats
 from sidecar.backend.prompt_layout import new_turn
 from sidecar.backend.resent_turns import remember_sent, resolve
 from sidecar.backend.text_stream import TextStream
-from sidecar.errors import FailedPrecondition, InvalidArgument, ResourceExhausted, SidecarError, Unavailable
+from sidecar.errors import FailedPrecondition, InvalidArgument, ResourceExhausted, SidecarError, Unavailable, Unimplemented
 from sidecar.remote import wire
 from sidecar.remote.models import remote_model_facts, unknown_model_facts
 
@@ -175,6 +175,11 @@ class RemoteBackend:
         done: Future = Future()
         done.set_result((False, 0.0))
         return done
+
+    def call_model(self, run) -> Future:
+        """No model is loaded here: tokenize and embed on the remote server itself."""
+        raise Unimplemented("remote mode forwards generations only; tokenize, detokenize and embeddings are "
+                            "the remote server's own (call its API directly)")
 
     def end_session(self, session_id: str) -> int:
         """Forget a session's conversation; returns the tokens it held. NotFound if unknown."""

@@ -57,6 +57,8 @@ def _common(body: dict, model: str | None, spec: GenerationSpec) -> dict:
         body["top_k"] = s.top_k
     if s.seed is not None:
         body["seed"] = s.seed
+    if s.logit_bias:  # OpenAI's shape; the ids are the remote model's, as the caller's were
+        body["logit_bias"] = {str(token): bias for token, bias in s.logit_bias}
     if spec.json_schema:
         body["response_format"] = {
             "type": "json_schema",

@@ -26,6 +26,9 @@ _INVOKE: dict[str, Callable[[SidecarService, Message], AsyncIterator[Message] | 
     "WatchState": lambda core, request: core.watch_state(),
     "GetStatus": lambda core, request: core.get_status(),
     "EndSession": lambda core, request: core.end_session(request),
+    "Embed": lambda core, request: core.embed(request),
+    "Tokenize": lambda core, request: core.tokenize(request),
+    "Detokenize": lambda core, request: core.detokenize(request),
 }
 
 

@@ -18,15 +18,16 @@ from sidecar.backend.requests import (
     FinishReason,
     GenerationSpec,
     Prompt,
+    TokenLogprob,
     refuse_image_marker,
 )
 from sidecar.backend.sampling import SamplingConfig
-from sidecar.errors import InvalidArgument
+from sidecar.errors import ContextLengthExceeded, InvalidArgument
 # Loads llama.cpp on first use only: remote mode never compiles a schema (RequestLimits).
 from sidecar.native.grammar import json_schema_grammar
 from sidecar.service.request_checks import check_prompt_size, check_session_id, normalized_schema
 from sidecar.service.schema_bounds import check_grammar
-from sidecar.service import tool_calls
+from sidecar.service import token_controls, tool_calls
 from sidecar.vision.image_input import decode_encoded, decode_raw
 
 MAX_STOP_STRINGS = 16
@@ -64,7 +65,7 @@ def sampling_from_pb(s: pb.SamplingParams) -> SamplingConfig:
     if values["seed"] is not None:
         values["seed"] %= _SEEDS
     values["repeat_last_n"] = min(values["repeat_last_n"], MAX_REPEAT_LAST_N)
-    return SamplingConfig(**values)
+    return SamplingConfig(**values, logit_bias=tuple(sorted(s.logit_bias.items())))
 
 
 def grammar_for(json_schema: str, compile_grammar: bool = True) -> str | None:
@@ -97,7 +98,7 @@ def check_message_count(n: int, max_prompt_tokens: int | None) -> None:
     """Refuse more messages than `max_prompt_tokens` can hold, each costing at least its template
     tokens even when empty. None means no local limit (remote mode)."""
     if max_prompt_tokens and n * MIN_TOKENS_PER_MESSAGE > max_prompt_tokens:
-        raise InvalidArgument(
+        raise ContextLengthExceeded(
             f"messages: {n} messages cannot fit in {max_prompt_tokens} prompt tokens (--max-prompt-tokens): "
             f"each takes at least {MIN_TOKENS_PER_MESSAGE} tokens of the chat template"
         )
@@ -131,6 +132,7 @@ def turn_spec(r: pb.GenerateRequest, limits: RequestLimits, image: bytes | None 
     generation_spec_from_pb, then the turn's image (PNG or JPEG, checked before any native code
     sees it), which goes with the conversation's last image marker."""
     spec = generation_spec_from_pb(r, limits.max_prompt_tokens, compile_grammar=limits.compiles_grammar)
+    token_controls.check_against_backend(spec, r, limits)
     if resends_history:
         spec = replace(spec, resends_history=True)
     if image is not None:
@@ -161,16 +163,18 @@ def generation_spec_from_pb(r: pb.GenerateRequest, max_prompt_tokens: int | None
     if tool_plan is not None:
         prompt = replace(prompt, tool_instructions=tool_plan.instructions)
         json_schema = tool_plan.json_schema
+    own_grammar = token_controls.caller_grammar(r)
     return GenerationSpec(
         prompt=prompt,
         sampling=sampling_from_pb(r.sampling),
         max_tokens=r.max_tokens or DEFAULT_MAX_TOKENS,
         stop=stops,
-        grammar=grammar_for(json_schema, compile_grammar),
+        grammar=own_grammar if own_grammar is not None else grammar_for(json_schema, compile_grammar),
         json_schema=json_schema,
         session_id=r.session_id,
         reset_session=r.reset_session,
         request_id=r.request_id,
+        logprobs=r.logprobs if r.HasField("logprobs") else None,
     )
 
 
@@ -214,6 +218,13 @@ def image_spec_from_pb(r: pb.AskImageRequest, max_image_bytes: int) -> Generatio
         request_id=r.request_id,
         image=image,
         asks_about_image=True,
+    )
+
+
+def logprob_to_pb(e: TokenLogprob) -> pb.TokenLogprob:
+    return pb.TokenLogprob(
+        token_id=e.chosen.token_id, piece=e.chosen.piece, logprob=e.chosen.logprob,
+        top=[pb.TokenAlternative(token_id=t.token_id, piece=t.piece, logprob=t.logprob) for t in e.top],
     )
 
 

@@ -19,7 +19,7 @@ from sidecar.budget import Budget, parse_size
 from sidecar.backend.contract import Backend, RequestLimits
 from sidecar.backend.requests import NO_VISION_MODEL, Finished, GenerationSpec, TextDelta
 from sidecar.errors import FailedPrecondition, ResourceExhausted, ShuttingDown, SidecarError, Unimplemented
-from sidecar.service import convert, tool_calls
+from sidecar.service import candidates, convert, token_controls, tool_calls
 from sidecar.service.budget_control import BudgetControl, check_thread_cap
 from sidecar.service.collector import StreamCollector
 from sidecar.service.request_checks import check_session_id
@@ -81,16 +81,40 @@ class SidecarService:
         for the conversation's last image (an OpenAI chat turn); `resends_history` says the
         messages are the whole conversation, which the backend matches against its session.
         Stopping iteration early (client gone) cancels the backend job."""
+        n = token_controls.candidates(request)
         spec = await self.spec_for(request, image=image, resends_history=resends_history)
         calls = request.tools and request.tool_choice != "none"
-        reply: list[str] = []
-        async for chunk in self._stream(spec):
-            if calls:  # the reply is read as a call once whole
-                if chunk.HasField("final"):
-                    tool_calls.finish_with_call(chunk.final, "".join(reply))
-                else:
-                    reply.append(chunk.text)
-            yield chunk
+        replies: dict[int, list[str]] = {}
+        chunks = self._stream(spec) if n == 1 else candidates.fan_out(spec, n, self._stream)
+        try:
+            async for chunk in chunks:
+                if calls:  # each reply is read as a call once whole
+                    reply = replies.setdefault(chunk.index, [])
+                    if chunk.HasField("final"):
+                        tool_calls.finish_with_call(chunk.final, "".join(reply))
+                    else:
+                        reply.append(chunk.text)
+                yield chunk
+        finally:
+            await chunks.aclose()
+
+    async def embed(self, request: pb.EmbedRequest) -> pb.EmbedResponse:
+        """Embeddings of short texts, on the engine thread between passes (model_calls.py)."""
+        texts = list(request.input)
+        vectors, tokens = await self._call_model(lambda m: m.embed(texts))
+        return pb.EmbedResponse(embeddings=[pb.Embedding(values=v) for v in vectors], prompt_tokens=tokens)
+
+    async def tokenize(self, request: pb.TokenizeRequest) -> pb.TokenizeResponse:
+        text, special, parse = request.text, request.add_special, request.parse_special
+        return pb.TokenizeResponse(tokens=await self._call_model(lambda m: m.tokenize(text, special, parse)))
+
+    async def detokenize(self, request: pb.DetokenizeRequest) -> pb.DetokenizeResponse:
+        tokens = list(request.tokens)
+        return pb.DetokenizeResponse(text=await self._call_model(lambda m: m.detokenize(tokens)))
+
+    async def _call_model(self, run):
+        backend = self.ready_backend()
+        return await asyncio.wrap_future(backend.call_model(run))
 
     async def spec_for(self, request: pb.GenerateRequest, *, image: bytes | None = None,
                        resends_history: bool = False) -> GenerationSpec:
@@ -127,16 +151,19 @@ class SidecarService:
             while True:
                 text: list[str] = []
                 tokens: list[int] = []
+                logprobs: list = []
                 end = None
                 for event in await collector.next_batch():
                     if isinstance(event, TextDelta):
                         text.append(event.text)
                         tokens.extend(event.token_ids)
+                        logprobs.extend(event.logprobs)
                     else:
                         end = event
                         break
                 if text or tokens:
-                    yield pb.GenerateChunk(text="".join(text), token_ids=tokens)
+                    yield pb.GenerateChunk(text="".join(text), token_ids=tokens,
+                                           logprobs=[convert.logprob_to_pb(e) for e in logprobs])
                     if end is None and self.info.stream_interval_s > 0:
                         # Tokens of the next interval gather in the collector without waking us:
                         # one chunk per frame is all a game can show, and each wake-up steals

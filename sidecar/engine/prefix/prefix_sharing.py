@@ -1,7 +1,8 @@
 """How conversations share prompt prefixes: where a shared beginning is cut, who computes it,
 who waits for it, and copying it into a sequence.
 
-Where prefixes are cut: at the end of the shared world context when the request names one (the
+Where prefixes are cut: before the prompt's last token for candidates of one prompt (n > 1: they
+were submitted together), at the end of the shared world context when the request names one (the
 `context` field: every NPC's prompt then has the very same tokens up to there), else at the
 longest run of whole blocks of BLOCK tokens the prompt shares with another prompt the engine
 knows of (waiting, running, or held by a sequence). Both keep the number of distinct prefixes
@@ -111,7 +112,9 @@ class PrefixSharing:
                 job.share_cut = 0
                 continue
             explicit = 0
-            if job.spec.prompt.context:
+            if job.spec.shares_prompt:
+                explicit = len(tokens)  # candidates of one prompt: all of it (share_cut keeps one token)
+            elif job.spec.prompt.context:
                 try:
                     explicit = exact_shared(context_tokens(job.spec.prompt), tokens)
                 except SidecarError:

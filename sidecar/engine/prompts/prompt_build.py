@@ -25,7 +25,7 @@ from sidecar.engine.prompts.history_trim import NO_TRIM, Trim, plan_trim
 from sidecar.backend.prompt_layout import new_turn
 from sidecar.backend.requests import IMAGE_MARKER, GenerationSpec
 from sidecar.backend.sessions import Session
-from sidecar.errors import InvalidArgument, ResourceExhausted
+from sidecar.errors import ContextLengthExceeded, InvalidArgument, ResourceExhausted
 
 # The reply's share of the context that history may not take: what the request asks for, but at
 # most a quarter of the context, so a large max_tokens does not halve every NPC's memory.
@@ -129,6 +129,6 @@ def _raw(model, spec: GenerationSpec, session: Session | None, images: list, max
 
 def _check_request(n_tokens: int, limit: int, what: str = "the prompt") -> None:
     if n_tokens > limit:
-        raise InvalidArgument(f"{what} is {n_tokens} tokens; the limit is {limit} (--max-prompt-tokens)")
+        raise ContextLengthExceeded(f"{what} is {n_tokens} tokens; the limit is {limit} (--max-prompt-tokens)")
 
 

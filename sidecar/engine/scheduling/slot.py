@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from typing import TYPE_CHECKING
 
-from sidecar.backend.requests import ImageReport, Job
+from sidecar.backend.requests import ImageReport, Job, TokenLogprob
 from sidecar.backend.sessions import Session
 from sidecar.backend.text_stream import TextStream
 from sidecar.engine.sampler_chain import SamplerChain
@@ -44,6 +44,8 @@ class ActiveRequest:
     # Set while this request prefills a prefix other requests wait for: its prefill stops there
     # once, so that the sequence holds exactly the prefix when it is saved (prefix_sharing.py).
     share_at: int | None = None
+    # Log probabilities of sampled tokens the text stream has not sent yet (token_logprobs.take).
+    pending_logprobs: list[TokenLogprob] = field(default_factory=list)
 
     def next_image_start(self) -> int | None:
         """Where the next image not yet in the cache begins, if any."""

@@ -64,6 +64,21 @@ class SidecarStub:
                 request_serializer=sidecar_dot_api_dot_xlm_dot_v1_dot_sidecar__pb2.EndSessionRequest.SerializeToString,
                 response_deserializer=sidecar_dot_api_dot_xlm_dot_v1_dot_sidecar__pb2.EndSessionResponse.FromString,
                 _registered_method=True)
+        self.Embed = channel.unary_unary(
+                '/xlm.v1.Sidecar/Embed',
+                request_serializer=sidecar_dot_api_dot_xlm_dot_v1_dot_sidecar__pb2.EmbedRequest.SerializeToString,
+                response_deserializer=sidecar_dot_api_dot_xlm_dot_v1_dot_sidecar__pb2.EmbedResponse.FromString,
+                _registered_method=True)
+        self.Tokenize = channel.unary_unary(
+                '/xlm.v1.Sidecar/Tokenize',
+                request_serializer=sidecar_dot_api_dot_xlm_dot_v1_dot_sidecar__pb2.TokenizeRequest.SerializeToString,
+                response_deserializer=sidecar_dot_api_dot_xlm_dot_v1_dot_sidecar__pb2.TokenizeResponse.FromString,
+                _registered_method=True)
+        self.Detokenize = channel.unary_unary(
+                '/xlm.v1.Sidecar/Detokenize',
+                request_serializer=sidecar_dot_api_dot_xlm_dot_v1_dot_sidecar__pb2.DetokenizeRequest.SerializeToString,
+                response_deserializer=sidecar_dot_api_dot_xlm_dot_v1_dot_sidecar__pb2.DetokenizeResponse.FromString,
+                _registered_method=True)
 
 
 class SidecarServicer:
@@ -117,6 +132,29 @@ class SidecarServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Embed(self, request, context):
+        """Embeddings of short texts from the served model (an NPC's memory: recall what the player said
+        by similarity). Unit vectors, so cosine similarity is a dot product. UNIMPLEMENTED in remote
+        mode.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Tokenize(self, request, context):
+        """The served model's tokens for a text, and text for tokens (count before sending; find the ids
+        a logit_bias needs). UNIMPLEMENTED in remote mode.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Detokenize(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SidecarServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -149,6 +187,21 @@ def add_SidecarServicer_to_server(servicer, server):
                     servicer.EndSession,
                     request_deserializer=sidecar_dot_api_dot_xlm_dot_v1_dot_sidecar__pb2.EndSessionRequest.FromString,
                     response_serializer=sidecar_dot_api_dot_xlm_dot_v1_dot_sidecar__pb2.EndSessionResponse.SerializeToString,
+            ),
+            'Embed': grpc.unary_unary_rpc_method_handler(
+                    servicer.Embed,
+                    request_deserializer=sidecar_dot_api_dot_xlm_dot_v1_dot_sidecar__pb2.EmbedRequest.FromString,
+                    response_serializer=sidecar_dot_api_dot_xlm_dot_v1_dot_sidecar__pb2.EmbedResponse.SerializeToString,
+            ),
+            'Tokenize': grpc.unary_unary_rpc_method_handler(
+                    servicer.Tokenize,
+                    request_deserializer=sidecar_dot_api_dot_xlm_dot_v1_dot_sidecar__pb2.TokenizeRequest.FromString,
+                    response_serializer=sidecar_dot_api_dot_xlm_dot_v1_dot_sidecar__pb2.TokenizeResponse.SerializeToString,
+            ),
+            'Detokenize': grpc.unary_unary_rpc_method_handler(
+                    servicer.Detokenize,
+                    request_deserializer=sidecar_dot_api_dot_xlm_dot_v1_dot_sidecar__pb2.DetokenizeRequest.FromString,
+                    response_serializer=sidecar_dot_api_dot_xlm_dot_v1_dot_sidecar__pb2.DetokenizeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -313,6 +366,87 @@ class Sidecar:
             '/xlm.v1.Sidecar/EndSession',
             sidecar_dot_api_dot_xlm_dot_v1_dot_sidecar__pb2.EndSessionRequest.SerializeToString,
             sidecar_dot_api_dot_xlm_dot_v1_dot_sidecar__pb2.EndSessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Embed(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/xlm.v1.Sidecar/Embed',
+            sidecar_dot_api_dot_xlm_dot_v1_dot_sidecar__pb2.EmbedRequest.SerializeToString,
+            sidecar_dot_api_dot_xlm_dot_v1_dot_sidecar__pb2.EmbedResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Tokenize(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/xlm.v1.Sidecar/Tokenize',
+            sidecar_dot_api_dot_xlm_dot_v1_dot_sidecar__pb2.TokenizeRequest.SerializeToString,
+            sidecar_dot_api_dot_xlm_dot_v1_dot_sidecar__pb2.TokenizeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Detokenize(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/xlm.v1.Sidecar/Detokenize',
+            sidecar_dot_api_dot_xlm_dot_v1_dot_sidecar__pb2.DetokenizeRequest.SerializeToString,
+            sidecar_dot_api_dot_xlm_dot_v1_dot_sidecar__pb2.DetokenizeResponse.FromString,
             options,
             channel_credentials,
             insecure,
