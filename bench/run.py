@@ -68,6 +68,8 @@ SCENARIOS: dict[str, Scenario] = {
                               "vision_beside:scenario", "vision_beside:options", suite=False, repeats=2),
     "evening": Scenario("one NPC's session for 50 turns of ~200 tokens on the default context",
                         "npc_evening:scenario", "npc_evening:options", suite=False, repeats=None),
+    "api-parity": Scenario("n=4 candidate lines against 4 requests, and embeddings/s against llama-server's",
+                           "api_parity:scenario", "api_parity:options", suite=False, repeats=3),
     "busy-cpu": Scenario("4 streams beside a busy core: the thread governor against maxCpuThreads 1 by hand",
                          "busy_cpu:scenario", "busy_cpu:options", suite=False),
 }

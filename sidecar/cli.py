@@ -60,6 +60,10 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-http", dest="http_port", action="store_const", const=-1, help="do not serve the OpenAI-compatible HTTP API")
     p.add_argument("--allow-remote", action="store_true", default=None, help="accept calls from other machines (a token is required)")
     p.add_argument("--no-auth", action="store_true", default=None, help="accept calls without a token (local development only)")
+    p.add_argument("--strict-model-names", action="store_true", default=None,
+                   help="HTTP API: answer 404 to a request naming another model (default: the served model answers any name)")
+    p.add_argument("--cors-origin", action="append", metavar="ORIGIN",
+                   help="a web origin (exact, e.g. http://localhost:8080) whose pages may call the HTTP API; repeatable")
     p.add_argument("--token-file", type=Path, help="write the token here, owner-only (default: the user's runtime folder); "
                    "the token is XLM_SIDECAR_TOKEN if the launcher sets it, else random per launch")
     p.add_argument("--parent-pid", type=int, help="exit when this process (the game) ends")

@@ -15,6 +15,12 @@ class InvalidArgument(SidecarError):
     """The request (or a flag) is malformed: bad parameters, empty prompt, a budget that is not a size."""
 
 
+class ContextLengthExceeded(InvalidArgument):
+    """The prompt is longer than the daemon takes in one request (--max-prompt-tokens, or the
+    context it must fit). OpenAI's clients know it by its own code (context_length_exceeded): a
+    plugin trims its history on it instead of showing an error."""
+
+
 class ResourceExhausted(SidecarError):
     """A limit is reached: too many sessions, a prompt longer than the context, a full queue."""
 

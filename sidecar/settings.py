@@ -6,18 +6,22 @@ XLM_SIDECAR_BUDGET=3G, set by a launching game), then these defaults.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import psutil
 from pydantic import Field, SecretStr, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from sidecar.budget import Budget, parse_size
 from sidecar.errors import InvalidArgument
 
 DEFAULT_PORT = 50551
 DEFAULT_HOST = "127.0.0.1"
+# A web origin as browsers send it: scheme://host[:port], nothing after (http://localhost:8080,
+# tauri://localhost, http://[::1]:3000).
+_ORIGIN = re.compile(r"[a-z][a-z0-9+.-]*://(\[[0-9a-f:.]+\]|[a-z0-9.-]+)(:[0-9]{1,5})?")
 
 
 class Settings(BaseSettings):
@@ -65,6 +69,9 @@ class Settings(BaseSettings):
     )
     allow_remote: bool = Field(False, description="accept calls from other machines (needs a token; refuses --no-auth)")
     no_auth: bool = Field(False, description="accept calls without a token (local development only)")
+    strict_model_names: bool = Field(False, description="HTTP API: refuse (404) a model name other than the served model's")
+    cors_origin: Annotated[tuple[str, ...], NoDecode] = Field(
+        (), description="web origins whose pages may call the HTTP API (CORS), exact, e.g. http://localhost:8080; comma-separated")
     # Only from the environment (XLM_SIDECAR_TOKEN, set by the launching game): a flag would show in `ps`.
     token: SecretStr | None = Field(None, description="the token calls must carry; default: a random one per launch")
     token_file: Path | None = Field(None, description="where to write the token (owner-only); default: in the user's runtime folder")
@@ -83,6 +90,22 @@ class Settings(BaseSettings):
             parse_size(value)
         except InvalidArgument as e:
             raise ValueError(str(e)) from None  # pydantic reports ValueErrors as field errors
+        return value
+
+    @field_validator("cors_origin", mode="before")
+    @classmethod
+    def _cors_origins_are_exact(cls, value: object) -> object:
+        if isinstance(value, str):  # XLM_SIDECAR_CORS_ORIGIN, comma-separated
+            value = [o.strip() for o in value.split(",") if o.strip()]
+        for origin in value if isinstance(value, (list, tuple)) else ():
+            # Either would let pages the player never chose drive the model (cors.py).
+            if origin == "*":
+                raise ValueError("'*' would let every web page call the daemon; name each origin, e.g. http://localhost:8080")
+            if origin == "null":
+                raise ValueError("'null' is the origin of every sandboxed frame and local file; name a real origin")
+            if isinstance(origin, str) and not _ORIGIN.fullmatch(origin):
+                raise ValueError(f"{origin!r} is not an origin: scheme://host[:port] in lower case, no path, "
+                                 "e.g. http://localhost:8080")
         return value
 
     @field_validator("remote_url")

@@ -92,3 +92,18 @@ def test_embed_tokenize_detokenize(client) -> None:
         with pytest.raises(grpc.RpcError) as err:
             call()
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_parallel_tool_calls_come_back_in_tool_calls(client) -> None:
+    tools = [pb.Tool(name="give_item", parameters_json_schema='{"type": "object", "properties": {"item": {"type": "string"}}, '
+                                                              '"required": ["item"]}'),
+             pb.Tool(name="wave")]
+    # The grammar admits an array; a bias would not make the model choose it, so read whatever it did.
+    reply = client.complete(ask("Give me bread and wave goodbye.", tools=tools, tool_choice="required",
+                                parallel_tool_calls=True, sampling=GREEDY, max_tokens=80))
+    final = reply.final
+    if final.finish_reason == pb.FINISH_REASON_TOOL_CALL:
+        assert len(final.tool_calls) >= 1 and final.tool_calls[0] == final.tool_call
+        assert {c.name for c in final.tool_calls} <= {"give_item", "wave"}
+    else:
+        assert final.finish_reason == pb.FINISH_REASON_LENGTH  # cut short: no whole JSON to read

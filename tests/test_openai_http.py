@@ -195,12 +195,11 @@ def test_a_wrong_token_is_401(base: str, model: str) -> None:
     assert httpx.get(base + "/health").json() == {"status": "ok"}  # open: launchers poll it first
 
 
-def test_n_other_than_1_is_a_clear_400(client: openai.OpenAI, model: str) -> None:
-    with pytest.raises(openai.BadRequestError) as e:
-        client.chat.completions.create(model=model, messages=ask("Hi"), max_tokens=2, n=2)
-    assert "n must be 1" in e.value.message
+def test_n_and_logit_bias_out_of_range_are_a_clear_400(client: openai.OpenAI, model: str) -> None:
+    with pytest.raises(openai.BadRequestError, match="n"):
+        client.chat.completions.create(model=model, messages=ask("Hi"), max_tokens=2, n=17)
     with pytest.raises(openai.BadRequestError, match="logit_bias"):
-        client.chat.completions.create(model=model, messages=ask("Hi"), max_tokens=2, logit_bias={"42": 5})
+        client.chat.completions.create(model=model, messages=ask("Hi"), max_tokens=2, logit_bias={"42": 500})
 
 
 def test_a_2_mb_body_is_413(client: openai.OpenAI, model: str) -> None:
@@ -211,10 +210,10 @@ def test_a_2_mb_body_is_413(client: openai.OpenAI, model: str) -> None:
 
 def test_errors_have_the_statuses_of_their_grpc_codes(client: openai.OpenAI, model: str, api: RunningDaemon,
                                                       base: str) -> None:
-    with pytest.raises(openai.NotFoundError):
-        client.chat.completions.create(model="gpt-4o", messages=ask("Hi"), max_tokens=2)
+    with pytest.raises(openai.NotFoundError):  # a request naming another model is served (test_openai_http_parity)
+        client.models.retrieve("gpt-4o")
     with pytest.raises(openai.BadRequestError, match="max_tokens"):  # INVALID_ARGUMENT
-        client.chat.completions.create(model=model, messages=ask("Hi"), max_tokens=100_000)
+        client.chat.completions.create(model=model, messages=ask("Hi"), max_tokens=0)
     with pytest.raises(openai.BadRequestError, match="--mmproj"):  # FAILED_PRECONDITION
         client.chat.completions.create(model=model, max_tokens=2, messages=[{"role": "user", "content": [
             {"type": "text", "text": "What is this?"}, {"type": "image_url", "image_url": {"url": "data:image/png;base64,"

@@ -63,9 +63,9 @@ def test_an_image_part_becomes_the_marker_and_the_image_bytes() -> None:
 
 
 @pytest.mark.parametrize("body, message", [
-    ({"n": 2}, "n must be 1"),
-    ({"logit_bias": {"1": 3}}, "logit_bias"),
-    ({"logprobs": True}, "logprobs"),
+    ({"logit_bias": {"one": 3}}, "logit_bias keys are token ids"),
+    ({"top_logprobs": 2}, "top_logprobs needs logprobs"),
+    ({"json_schema": {"type": "object"}, "response_format": {"type": "json_object"}}, "not both"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]}, "data: URL"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,@@"}}]}]}, "base64"),
     ({"messages": [{"role": "user", "content": [{"type": "text", "text": IMAGE_MARKER}]}]}, "may not contain"),
@@ -83,11 +83,20 @@ def test_what_cannot_be_honoured_is_refused_by_name(body: dict, message: str) ->
 
 
 @pytest.mark.parametrize("body, message", [({"echo": True}, "echo"), ({"suffix": "x"}, "suffix"),
-                                           ({"best_of": 2}, "best_of"), ({"logprobs": 2}, "logprobs")])
+                                           ({"best_of": 2}, "best_of")])
 def test_completion_fields_that_cannot_be_honoured_are_refused(body: dict, message: str) -> None:
     parsed = CompletionRequest.model_validate_json(json.dumps({"prompt": "Hi", **body}), strict=True)
     with pytest.raises(InvalidArgument, match=message):
-        translate.completion_request(parsed, "", 2048)
+        translate.completion_requests(parsed, "", 2048, ["Hi"])
+
+
+def test_candidates_and_several_prompts_are_one_offs() -> None:
+    assert chat(n=3).request.session_id == "" and chat(n=3).request.n == 3
+    parsed = CompletionRequest.model_validate_json(json.dumps({"prompt": ["a", "b"]}), strict=True)
+    turns = translate.completion_requests(parsed, "npc", 2048, ["a", "b"])
+    assert [t.request.prompt for t in turns] == ["a", "b"] and all(t.request.session_id == "" for t in turns)
+    one = CompletionRequest.model_validate_json(json.dumps({"prompt": "a"}), strict=True)
+    assert translate.completion_requests(one, "npc", 2048, ["a"])[0].request.session_id == "npc"
 
 
 def test_tool_choice_none_ignores_the_tools() -> None:
@@ -144,7 +153,7 @@ def test_tool_results_and_earlier_calls_are_written_into_the_conversation() -> N
     sent = [(m.role, m.content) for m in chat(tools=[ATTACK], messages=messages).request.messages.messages]
     # The tools' instructions are not in the conversation (they go as the prompt's tool_instructions).
     assert sent[1] == ("assistant", '{"name": "attack", "arguments": {"target": "thief"}}')
-    assert sent[2] == ("user", "Result of call_1: The thief flees.")
+    assert sent[2] == ("user", "Result of attack: The thief flees.")  # the name, looked up by the call id
 
 
 def test_replies_held_to_the_tools_grammar_parse_into_calls_or_text() -> None:

@@ -87,8 +87,8 @@ class ModelOps(Protocol):
 
     def detokenize(self, tokens: list[int]) -> str: ...
 
-    def embed(self, texts: list[str]) -> tuple[list[list[float]], int]:
-        """One unit vector per text, and the tokens the texts took."""
+    def embed(self, texts: list[str | list[int]]) -> tuple[list[list[float]], int]:
+        """One unit vector per input (text, or token ids), and the tokens the inputs took."""
         ...
 
 

@@ -58,13 +58,18 @@ class ModelCalls:
     def detokenize(self, tokens: list[int]) -> str:
         return self.model.detokenize(tokens)
 
-    def embed(self, texts: list[str]) -> tuple[list[list[float]], int]:
-        """(one unit vector per text, the tokens they took)."""
+    def embed(self, texts: list[str | list[int]]) -> tuple[list[list[float]], int]:
+        """(one unit vector per input, the tokens they took). An input is text or token ids."""
         if not texts:
             raise InvalidArgument("input is empty")
         if len(texts) > MAX_EMBED_INPUTS:
             raise InvalidArgument(f"input has {len(texts)} texts; at most {MAX_EMBED_INPUTS} per request")
-        tokenized = [self.model.tokenize(t, add_bos=True, parse_special=False) for t in texts]
+        n_vocab = self.model.n_vocab
+        for t in texts:
+            if isinstance(t, list) and any(not 0 <= token < n_vocab for token in t):
+                raise InvalidArgument(f"an input's token ids must be in the model's vocabulary of {n_vocab}")
+        tokenized = [t if isinstance(t, list) else self.model.tokenize(t, add_bos=True, parse_special=False)
+                     for t in texts]
         too_long = next((i for i, t in enumerate(tokenized) if len(t) > EMBED_CONTEXT), None)
         if too_long is not None:  # all checked before any pass runs
             raise InvalidArgument(f"input[{too_long}] is {len(tokenized[too_long])} tokens; at most {EMBED_CONTEXT}")

@@ -29,16 +29,17 @@ def candidate_specs(spec: GenerationSpec, n: int) -> list[GenerationSpec]:
                     request_id=f"{spec.request_id}#{i}" if spec.request_id else "") for i in range(n)]
 
 
-async def merged(streams: list[AsyncIterator[pb.GenerateChunk]]) -> AsyncIterator[pb.GenerateChunk]:
-    """Every stream's chunks as they come, each tagged with its stream's index; the first error
-    ends them all (and is raised), as does the caller stopping early."""
+async def merged(streams: list[AsyncIterator[pb.GenerateChunk]], stride: int = 1) -> AsyncIterator[pb.GenerateChunk]:
+    """Every stream's chunks as they come, stream i's chunk of index j tagged i * stride + j
+    (several prompts of n candidates each: OpenAI's order); the first error ends them all (and
+    is raised), as does the caller stopping early."""
     queue: asyncio.Queue = asyncio.Queue()
     done = object()
 
     async def pump(index: int, stream: AsyncIterator[pb.GenerateChunk]) -> None:
         try:
             async for chunk in stream:
-                chunk.index = index
+                chunk.index = index * stride + chunk.index
                 await queue.put(chunk)
             await queue.put(done)
         except BaseException as e:  # handed to the reader, which raises it

@@ -101,18 +101,19 @@ class SidecarService:
     async def embed(self, request: pb.EmbedRequest) -> pb.EmbedResponse:
         """Embeddings of short texts, on the engine thread between passes (model_calls.py)."""
         texts = list(request.input)
-        vectors, tokens = await self._call_model(lambda m: m.embed(texts))
+        vectors, tokens = await self.call_model(lambda m: m.embed(texts))
         return pb.EmbedResponse(embeddings=[pb.Embedding(values=v) for v in vectors], prompt_tokens=tokens)
 
     async def tokenize(self, request: pb.TokenizeRequest) -> pb.TokenizeResponse:
         text, special, parse = request.text, request.add_special, request.parse_special
-        return pb.TokenizeResponse(tokens=await self._call_model(lambda m: m.tokenize(text, special, parse)))
+        return pb.TokenizeResponse(tokens=await self.call_model(lambda m: m.tokenize(text, special, parse)))
 
     async def detokenize(self, request: pb.DetokenizeRequest) -> pb.DetokenizeResponse:
         tokens = list(request.tokens)
-        return pb.DetokenizeResponse(text=await self._call_model(lambda m: m.detokenize(tokens)))
+        return pb.DetokenizeResponse(text=await self.call_model(lambda m: m.detokenize(tokens)))
 
-    async def _call_model(self, run):
+    async def call_model(self, run):
+        """`run` on the loaded model (ModelOps), between the engine's passes."""
         backend = self.ready_backend()
         return await asyncio.wrap_future(backend.call_model(run))
 

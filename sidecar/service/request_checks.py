@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import unicodedata
 
-from sidecar.errors import InvalidArgument
+from sidecar.errors import ContextLengthExceeded, InvalidArgument
 from sidecar.service.schema_bounds import parse_schema
 
 # No tokenizer llama.cpp loads makes a token of more than a few dozen bytes out of ordinary text
@@ -27,7 +27,7 @@ def check_prompt_size(n_bytes: int, max_prompt_tokens: int | None, what: str = "
         return
     limit = max_prompt_tokens * MAX_BYTES_PER_TOKEN
     if n_bytes > limit:
-        raise InvalidArgument(
+        raise ContextLengthExceeded(
             f"the prompt is {n_bytes} bytes{f' ({what})' if what else ''}, far more than {max_prompt_tokens} tokens "
             f"(--max-prompt-tokens) can hold; at most {limit} bytes are read"
         )

@@ -2,9 +2,10 @@
 that tell the model about the functions, and the call read back from the reply.
 
 The reply is JSON under a schema built from the functions' own schemas, through the same
-json_schema grammar path as structured replies: {"name": <one declared function>, "arguments":
-<fits its parameters>}, or with `auto` also {"reply": "<words>"}. So a call is always valid JSON
-naming a declared function.
+json_schema grammar path as structured replies: an object whose "name" is one declared function
+and whose "arguments" fit its parameters; with `auto` also an object whose only key "reply" holds
+words; with several calls allowed (parallel_tool_calls) also an array of 1 to
+MAX_PARALLEL_CALLS call objects. So a call is always valid JSON naming a declared function.
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ from sidecar.service.schema_bounds import check_schema, parse_schema
 MAX_TOOLS = 64
 # OpenAI's rule for function names, for gRPC and the bridge as for HTTP.
 TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
-
+# Calls one reply may hold when several are allowed: OpenAI sets no number; a handful is what an
+# NPC does in one beat, and the grammar stays small.
+MAX_PARALLEL_CALLS = 8
 
 @dataclass(frozen=True)
 class Function:
@@ -34,17 +37,25 @@ class ToolPlan:
     json_schema: str
     instructions: str
     auto: bool  # the model may answer in words instead
+    parallel: bool = False  # the reply may be an array of calls
+
+
+@dataclass(frozen=True)
+class Call:
+    name: str
+    arguments: dict
 
 
 @dataclass(frozen=True)
 class ReadReply:
     content: str | None  # words (auto), or the text itself when it is no whole JSON (cut short)
-    name: str | None = None
-    arguments: dict | None = None
+    calls: tuple[Call, ...] = ()
 
 
-def plan(functions: list[Function], choice: str | None) -> ToolPlan:
-    """choice: "auto", "required", or one function's name."""
+def plan(functions: list[Function], choice: str | None, parallel: bool = False) -> ToolPlan:
+    """choice: "auto", "required", or one function's name. `parallel` also admits an array of
+    calls (not with a named function: that is one call of it)."""
+    parallel = parallel and choice in ("auto", "required")
     if len(functions) > MAX_TOOLS:
         raise InvalidArgument(f"at most {MAX_TOOLS} tools")
     for f in functions:  # one rule for every transport's tools
@@ -70,32 +81,46 @@ def plan(functions: list[Function], choice: str | None) -> ToolPlan:
         "required": ["name", "arguments"],
         "additionalProperties": False,
     } for f in chosen]
+    if parallel:
+        one = calls[0] if len(calls) == 1 else {"anyOf": list(calls)}
+        calls.append({"type": "array", "items": one, "minItems": 1, "maxItems": MAX_PARALLEL_CALLS})
     auto = choice == "auto"
     if auto:
         calls.append({"type": "object", "properties": {"reply": {"type": "string"}}, "required": ["reply"],
                       "additionalProperties": False})
     schema = calls[0] if len(calls) == 1 else {"anyOf": calls}
-    lines = ["You can call these functions. To call one, reply with JSON: "
-             '{"name": "<function>", "arguments": {<its parameters>}}.']
+    return ToolPlan(json.dumps(schema), _instructions(chosen, auto, parallel), auto, parallel)
+
+
+def _instructions(chosen: list[Function], auto: bool, parallel: bool) -> str:
+    # The shapes are told in words: a template with placeholders ({"reply": "<your answer>"}) was
+    # copied as it stood by small models, which answered "<your answer>" (issue 28).
+    lines = ['You can call these functions. To call one, reply with a JSON object of two keys: "name", '
+             'the function\'s name, and "arguments", an object of its parameters.']
+    if parallel:
+        lines.append(f"To call several at once, reply with a JSON array of such objects (at most {MAX_PARALLEL_CALLS}).")
     if auto:
-        lines.append('To answer in words instead, reply with JSON: {"reply": "<your answer>"}.')
+        lines.append('To answer in words instead, reply with a JSON object whose one key, "reply", '
+                     "holds what you say, as a string.")
     for f in chosen:
         lines.append(f"- {f.name}: {f.description} Parameters: {json.dumps(f.parameters or {'type': 'object'})}")
-    return ToolPlan(json.dumps(schema), "\n".join(lines), auto)
+    return "\n".join(lines)
 
 
 def read_reply(text: str) -> ReadReply:
-    """A reply held to the plan's grammar. One cut short (max_tokens) is no whole JSON: it stays
-    text, and the finish reason says why."""
+    """A reply held to the plan's grammar: one call, an array of calls, or words. One cut short
+    (max_tokens) is no whole JSON: it stays text, and the finish reason says why."""
     try:
         value = json.loads(text)
     except ValueError:
         return ReadReply(text)
-    if isinstance(value, dict) and isinstance(value.get("name"), str):
-        arguments = value.get("arguments", {})
-        return ReadReply(None, value["name"], arguments if isinstance(arguments, dict) else {})
-    if isinstance(value, dict) and isinstance(value.get("reply"), str):
+    if isinstance(value, dict) and isinstance(value.get("reply"), str) and "name" not in value:
         return ReadReply(value["reply"])
+    items = value if isinstance(value, list) else [value]
+    calls = tuple(Call(v["name"], v["arguments"] if isinstance(v.get("arguments"), dict) else {})
+                  for v in items if isinstance(v, dict) and isinstance(v.get("name"), str))
+    if calls and len(calls) == len(items):
+        return ReadReply(None, calls)
     return ReadReply(text)
 
 
@@ -118,14 +143,16 @@ def plan_from_pb(request) -> ToolPlan | None:
         if not t.name:
             raise InvalidArgument("every tool needs a name")
         functions.append(Function(t.name, t.description, parameters))
-    return plan(functions, choice)
+    return plan(functions, choice, request.parallel_tool_calls)
 
 
 def finish_with_call(final, text: str) -> None:
-    """Set the final chunk's tool_call (and finish reason) when the reply is a call."""
+    """Set the final chunk's calls (and finish reason) when the reply is one or several."""
     from sidecar.api import pb
 
     read = read_reply(text)
-    if read.name is not None:
-        final.tool_call.CopyFrom(pb.ToolCall(name=read.name, arguments_json=json.dumps(read.arguments)))
+    if read.calls:
+        calls = [pb.ToolCall(name=c.name, arguments_json=json.dumps(c.arguments)) for c in read.calls]
+        final.tool_call.CopyFrom(calls[0])  # what a client written before parallel calls reads
+        final.tool_calls.extend(calls)
         final.finish_reason = pb.FINISH_REASON_TOOL_CALL

@@ -3,7 +3,7 @@
 The client core and its tests run on Mono, the runtime Unity itself embeds, over the WebSocket
 bridge. The core and the gRPC transport (Runtime/Grpc) are also built against the .NET Core 3.1
 runtime from PyPI (dotnetcore2), whose HttpClient speaks HTTP/2 without TLS, and the same client
-tests run there over gRPC; its protobuf codec is checked against Python's protobuf both ways. (The
+tests run there over gRPC (its protobuf codec: test_unity_proto_codec.py). (The
 WebSocket tests cannot run on that runtime: its ClientWebSocket needs OpenSSL 1.x, and this Debian
 has 3.) The Unity components and samples compile against a stand-in for the UnityEngine types they
 use (tests/clients/unity/UnityEngineStub), which also hosts a few components for live runs.
@@ -16,7 +16,6 @@ test_every_csharp_test_is_run.
 
 from __future__ import annotations
 
-import base64
 import importlib.util
 import json
 import os
@@ -45,6 +44,7 @@ CORE_OFFLINE = [
     "json_refuses_what_is_not_json",
     "requests_map_to_protobuf_json",
     "tool_requests_and_calls_map_to_protobuf_json",
+    "token_controls_map_to_protobuf_json",
     "budget_table_prefers_scene_then_quality",
     "launcher_quotes_arguments_for_the_command_line",
 ]
@@ -60,6 +60,13 @@ CORE_LIVE = [
     "errors_carry_status_codes",
     "a_handler_that_throws_ends_the_call_with_its_exception",
     "no_daemon_is_unavailable",
+    # Token controls (TokenControlTests.cs): mechanisms on the tiny llama, over both transports.
+    "candidates_each_end_with_their_own_final",
+    "logprobs_come_with_each_token",
+    "logit_bias_bans_and_favours_tokens",
+    "a_gbnf_grammar_holds_the_reply",
+    "embeddings_are_unit_vectors_of_one_length",
+    "tokenize_and_detokenize_round_trip",
 ]
 CORE_VISION = ["screenshot_question_about_raw_pixels"]
 # On SmolLM2: the tiny random llama would not close a call's JSON within a sane max_tokens.
@@ -266,6 +273,18 @@ def test_the_readme_tool_call_example_compiles(build: Build, tmp_path: Path) -> 
              f"-out:{tmp_path / 'Guard.dll'}", str(source))
 
 
+def test_the_readme_token_controls_example_compiles(build: Build, tmp_path: Path) -> None:
+    """The token-controls example in clients/unity/README.md (the C# block that calls CandidatesAsync)."""
+    readme = (UNITY / "README.md").read_text()
+    [example] = [b.split("```", 1)[0] for b in readme.split("```csharp\n")[1:] if "CandidatesAsync" in b.split("```", 1)[0]]
+    source = tmp_path / "Choices.cs"
+    source.write_text("using System;\nusing System.Collections.Generic;\nusing System.Threading.Tasks;\nusing UnityEngine;\n"
+                      "using Xlm.Sidecar;\nclass Choices {\n static async Task Ask(SidecarClient client, NpcConversation brom, int picked) {\n"
+                      + example + "}\n}\n")
+    _compile("-target:library", "-r:System.dll", "-r:System.Core.dll", f"-r:{build.core}", f"-r:{build.unity_stub}",
+             f"-out:{tmp_path / 'Choices.dll'}", str(source))
+
+
 def test_every_csharp_test_is_run(build: Build) -> None:
     core = _run(build.core_tests, "--list").stdout.split()
     assert sorted(core) == sorted(CORE_OFFLINE + CORE_LIVE + CORE_VISION + CORE_TOOLS + CORE_LAUNCHER)
@@ -424,85 +443,3 @@ def test_core_tool_calls_over_grpc(dotnet_build: DotnetBuild, smollm2_daemon: Ru
     result = _dotnet(dotnet_build, name, env=env)
     _assert_passed(result, name)
     _assert_tool_calls_fit_their_schemas(result)
-
-
-def test_proto_schema_is_up_to_date() -> None:
-    spec = importlib.util.spec_from_file_location("gen_proto_schema", CSHARP_TESTS / "gen_proto_schema.py")
-    gen = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gen)
-    assert gen.TARGET.read_text() == gen.render(), "run: .venv/bin/python tests/clients/unity/gen_proto_schema.py"
-
-
-ENCODE_CASES = [
-    ("GenerateRequest", {"messages": {"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "h\u00e9 \U0001F600"}]},
-                         "sampling": {"temperature": 0, "topK": -1, "seed": "18446744073709551615"}, "maxTokens": 8,
-                         "stop": ["\n", "END"], "jsonSchema": "{}", "sessionId": "npc", "resetSession": True}),
-    ("GenerateRequest", {"prompt": ""}),
-    ("GenerateRequest", {"messages": {"messages": [{"role": "user", "content": "a thief!"}]}, "toolChoice": "flee",
-                         "tools": [{"name": "attack", "description": "attack a target", "parametersJsonSchema": '{"type": "object"}'},
-                                   {"name": "flee"}]}),
-    ("AskImageRequest", {"question": "what?", "image": {"raw": {"pixels": "AQIDBA==", "width": 1, "height": 1,
-                                                                "format": "PIXEL_FORMAT_BGRA8", "bottomUp": True}}}),
-    ("SetBudgetRequest", {"vramSize": "2G", "maxCpuThreads": 0}),
-    ("SetBudgetRequest", {"autoReserveBytes": "1073741824"}),
-    ("EndSessionRequest", {"sessionId": "x"}),
-]
-
-
-@pytest.mark.parametrize(("message", "request_json"), ENCODE_CASES, ids=lambda v: v if isinstance(v, str) else None)
-def test_proto_encoding_matches_python_protobuf(dotnet_build: DotnetBuild, message: str, request_json: dict) -> None:
-    """What the C# codec writes, Python's protobuf reads as the same message (optionals set to their
-    defaults included: temperature 0 must reach the daemon)."""
-    from google.protobuf import json_format
-    from sidecar.api.xlm.v1 import sidecar_pb2
-
-    result = _dotnet(dotnet_build, "--proto-encode", f"xlm.v1.{message}", stdin=json.dumps(request_json))
-    assert result.returncode == 0, result.stdout + result.stderr
-    parsed = getattr(sidecar_pb2, message).FromString(base64.b64decode(result.stdout.strip()))
-    assert parsed == json_format.ParseDict(request_json, getattr(sidecar_pb2, message)())
-
-
-def _sample_replies() -> list:
-    from sidecar.api.xlm.v1 import sidecar_pb2 as pb
-
-    schedule = pb.Schedule(tiers=[pb.TierPlan(max_tokens=1, phase=pb.TIER_PHASE_DECODE, placement=pb.PLACEMENT_STATIC, threads=3,
-                                              predicted_tokens_per_s=12.5)],
-                           vram_bytes_by_component={"weights": 3 << 30, "kv_cache": 7}, kv_type="q8_0", micro_batch=512)
-    return [
-        pb.GenerateChunk(text="h\u00e9", token_ids=[1, 70000, -3], final=pb.GenerationFinal(
-            finish_reason=pb.FINISH_REASON_CANCELLED, usage=pb.Usage(prompt_tokens=9, cached_prompt_tokens=4, completion_tokens=2),
-            timings=pb.Timings(total_ms=1.25), session_id="npc",
-            image=pb.ImageInfo(original_width=64, encoded_width=32, downscaled=True, image_tokens=16, encode_ms=0.5))),
-        pb.GenerateChunk(),
-        pb.GenerateChunk(text='{"name": "flee"}', final=pb.GenerationFinal(
-            finish_reason=pb.FINISH_REASON_TOOL_CALL, tool_call=pb.ToolCall(name="flee", arguments_json='{"to": "north"}'))),
-        pb.Status(version="1", phase=pb.ENGINE_PHASE_RELOADING, budget=pb.Budget(vram_bytes=(1 << 63) + 5, auto_vram=True), schedule=schedule,
-                  sessions=[pb.SessionInfo(session_id="a", tokens=3, last_used_unix_ms=-2, in_kv_cache=True)],
-                  listen_addresses=["127.0.0.1:1", "ws://127.0.0.1:2"], uptime_s=0.1),
-        pb.StateEvent(unix_ms=1_700_000_000_000, phase=pb.ENGINE_PHASE_READY, schedule=schedule, reason="budget"),
-    ]
-
-
-@pytest.mark.parametrize("reply", range(len(_sample_replies())))
-def test_proto_decoding_matches_python_protobuf(dotnet_build: DotnetBuild, reply: int) -> None:
-    """What Python's protobuf writes, the C# codec reads as the JSON mapping the bridge would send
-    (fields at their defaults included, 64-bit integers as strings, enums by name)."""
-    from google.protobuf import json_format
-
-    message = _sample_replies()[reply]
-    result = _dotnet(dotnet_build, "--proto-decode", message.DESCRIPTOR.full_name,
-                     stdin=base64.b64encode(message.SerializeToString()).decode())
-    assert result.returncode == 0, result.stdout + result.stderr
-    expected = json_format.MessageToDict(message, always_print_fields_with_no_presence=True)
-    assert _approx(json.loads(result.stdout)) == _approx(expected)
-
-
-def _approx(value: object) -> object:
-    """Floats compared at float32 precision (Python prints float fields shortest, C# as doubles)."""
-    if isinstance(value, dict):
-        return {k: _approx(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_approx(v) for v in value]
-    if isinstance(value, float):
-        return pytest.approx(value, rel=1e-6)
-    return value

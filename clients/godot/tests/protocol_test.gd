@@ -11,8 +11,11 @@ const Call := preload("res://addons/xlm_sidecar/xlm_call.gd")
 const AskOptions := preload("res://addons/xlm_sidecar/xlm_ask_options.gd")
 const Protocol := preload("res://addons/xlm_sidecar/xlm_protocol.gd")
 const Tool := preload("res://addons/xlm_sidecar/xlm_tool.gd")
+const Logprobs := preload("res://addons/xlm_sidecar/xlm_logprobs.gd")
 const FIXTURES := "res://addons/xlm_sidecar/protocol_fixtures/"
 const TOKEN_PLACEHOLDER := "$TOKEN"
+## "$RESULT:<call id>:<field>": that field of an earlier call's result.
+const RESULT_PLACEHOLDER := "$RESULT:"
 const TOKEN_ENV := "XLM_SIDECAR_TOKEN"
 const STEP_TIMEOUT_MS := 60000
 const WHOLE_TIMEOUT_S := 270.0
@@ -83,7 +86,7 @@ func _run_fixture(
 	var expected: Array = []
 	for step: Dictionary in steps:
 		for frame: Variant in step["sends"]:
-			expected.append(_normalized(_substitute(frame, token)))
+			expected.append(_normalized(_substitute(frame, token, calls)))
 		var where := "%s %s" % [file_name, step["do"]]
 		var passed: bool = await _run_step(client, step, calls, events, url, token, lax, where)
 		if not passed:
@@ -125,6 +128,18 @@ func _run_step(
 			call = client.ask_tools(
 				args["text"], tools, args["session_id"], _options(args), args["tool_choice"]
 			)
+		"ask_candidates":
+			call = client.ask_candidates(args["text"], int(args["n"]), _options(args))
+		"embed":
+			var texts: Array = args["texts"]
+			call = client.embed(PackedStringArray(texts))
+		"tokenize":
+			call = client.tokenize(args["text"], args["add_special"], args["parse_special"])
+		"detokenize":
+			var ids := PackedInt32Array()
+			for token_id: Variant in _substitute(args["tokens"], "", calls):
+				ids.append(int(token_id))
+			call = client.detokenize(ids)
 		"send_tool_result":
 			call = client.send_tool_result(calls[args["call_id"]], args["result"], _options(args))
 		"ask_about_image":
@@ -199,7 +214,7 @@ func _check_end(call: Call, wait: Dictionary, where: String) -> bool:
 	if not _check(where + ": ended well", call.ok(), _describe(call)):
 		return false
 	var passed := true
-	if wait.has("final"):
+	if wait.has("final") and not wait.has("candidates"):
 		var reasons: Array = _shapes["enums"]["FinishReason"]
 		passed = _check(where + ": finish reason", call.finish_reason() in reasons, _describe(call))
 		passed = (
@@ -210,8 +225,11 @@ func _check_end(call: Call, wait: Dictionary, where: String) -> bool:
 			)
 			and passed
 		)
+	if wait.has("candidates"):
+		passed = _check_candidates(call, int(wait["candidates"]), where) and passed
 	if wait.has("tool_call"):
 		passed = _check_tool_call(call, wait["tool_call"], where) and passed
+	passed = _check_token_controls(call, wait, where) and passed
 	var message: Dictionary = call.final_message if wait.has("final") else call.result
 	for dotted: String in wait.get("positive", []):
 		var value: Variant = message
@@ -241,6 +259,78 @@ func _check_tool_call(call: Call, expected: String, where: String) -> bool:
 			fits = fits and arguments.has(required)
 	var detail := "%s %s" % [call.tool_call_name(), str(arguments)]
 	return _check(where + ": a tool call (%s)" % expected, reason_ok and named and fits, detail)
+
+
+## Each candidate of an ask_candidates call ended with its own final, its tokens its own.
+func _check_candidates(call: Call, n: int, where: String) -> bool:
+	var reasons: Array = _shapes["enums"]["FinishReason"]
+	var passed := _check(
+		where + ": %d candidates" % n, call.candidates.size() == n, _describe(call)
+	)
+	for position in call.candidates.size():
+		var each: Call = call.candidates[position]
+		var label := "%s: candidate %d" % [where, position]
+		var ended := each.ok() and each.index == position and each.finish_reason() in reasons
+		passed = _check(label + " ended with its own final", ended, _describe(each)) and passed
+		var agree := each.token_count > 0 and each.completion_tokens() == each.token_count
+		passed = _check(label + ": token counts agree", agree, _describe(each)) and passed
+	return passed
+
+
+## What the token-control fixtures ask of a call (the Python replay checks the same frames).
+func _check_token_controls(call: Call, wait: Dictionary, where: String) -> bool:
+	var passed := true
+	if wait.has("logprobs"):
+		passed = _check_logprobs(call, int(wait["logprobs"]), where) and passed
+	if wait.has("every_token"):
+		var wanted := int(wait["every_token"])
+		var every := call.token_count > 0
+		for token_id in call.token_ids:
+			every = every and token_id == wanted
+		var label := where + ": every token is %d" % wanted
+		passed = _check(label, every, str(call.token_ids)) and passed
+	if wait.has("text_in"):
+		var allowed: Array = wait["text_in"]
+		var label := where + ": the text is one of %s" % str(allowed)
+		passed = _check(label, call.text in allowed, call.text) and passed
+	if wait.has("embeddings"):
+		passed = _check_embeddings(call, int(wait["embeddings"]), where) and passed
+	var equals: Dictionary = wait.get("equals", {})
+	for field: String in equals:
+		var same := JSON.stringify(call.result.get(field)) == JSON.stringify(equals[field])
+		var label := where + ": %s is %s" % [field, str(equals[field])]
+		passed = _check(label, same, str(call.result)) and passed
+	var lengths: Dictionary = wait.get("lengths", {})
+	for field: String in lengths:
+		var value: Variant = call.result.get(field, [])
+		var size: int = value.size() if value is Array else -1
+		var label := where + ": %s has %d entries" % [field, int(lengths[field])]
+		passed = _check(label, size == int(lengths[field]), str(call.result)) and passed
+	return passed
+
+
+## One entry per token, each a log probability with as many alternatives as asked.
+func _check_logprobs(call: Call, alternatives: int, where: String) -> bool:
+	var logprobs: Logprobs = call.logprobs
+	var values := logprobs.values()
+	var fits := call.token_count > 0 and logprobs.size() == call.token_count
+	for position in logprobs.size():
+		fits = fits and logprobs.token_id(position) == call.token_ids[position]
+		fits = fits and values[position] <= 0.0
+		fits = fits and logprobs.alternative_ids(position).size() == alternatives
+	var label := where + ": a log probability per token, %d alternatives" % alternatives
+	return _check(label, fits, str(logprobs.entries))
+
+
+## As many embeddings as texts, of one length, each a unit vector.
+func _check_embeddings(call: Call, count: int, where: String) -> bool:
+	var vectors := call.embeddings()
+	var fits := count > 0 and vectors.size() == count and vectors[0].size() > 0
+	for vector in vectors:
+		fits = fits and vector.size() == vectors[0].size()
+		fits = fits and absf(Client.similarity(vector, vector) - 1.0) < 1e-3
+	var label := where + ": %d unit vectors of one length" % count
+	return _check(label, fits, str(call.result).left(200))
 
 
 func _run_launch() -> void:
@@ -340,18 +430,22 @@ func _image(spec: Dictionary) -> Image:
 	return Image.create_from_data(width, height, false, Image.FORMAT_RGBA8, pixels)
 
 
-func _substitute(value: Variant, token: String) -> Variant:
+func _substitute(value: Variant, token: String, calls: Dictionary) -> Variant:
 	if value is String and value == TOKEN_PLACEHOLDER:
 		return token
+	if value is String and value.begins_with(RESULT_PLACEHOLDER):
+		var parts: PackedStringArray = value.trim_prefix(RESULT_PLACEHOLDER).split(":")
+		var earlier: Call = calls.get(parts[0])
+		return null if earlier == null else earlier.result.get(parts[1])
 	if value is Dictionary:
 		var copy := {}
 		for key: Variant in value:
-			copy[key] = _substitute(value[key], token)
+			copy[key] = _substitute(value[key], token, calls)
 		return copy
 	if value is Array:
 		var items: Array = []
 		for item: Variant in value:
-			items.append(_substitute(item, token))
+			items.append(_substitute(item, token, calls))
 		return items
 	return value
 

@@ -32,7 +32,8 @@ async def start_http(transports, core, settings, authenticator, model_id: str | 
     from sidecar.default_model import default_model_path
 
     server = OpenAIHttpServer(core, authenticator, settings.model or default_model_path(), settings.max_tokens_per_request,
-                              model_id=model_id)
+                              model_id=model_id, strict_model_names=settings.strict_model_names,
+                              cors_origins=settings.cors_origin)
     try:
         bound = await server.start(settings.host, port)
     except OSError as e:

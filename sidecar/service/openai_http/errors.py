@@ -26,6 +26,14 @@ class HttpRefusal(errors.SidecarError):
         self.code = code
 
 
+class InvalidBody(errors.InvalidArgument):
+    """A body that does not validate, with the field it is about (the error object's `param`)."""
+
+    def __init__(self, message: str, param: str | None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
 def unauthenticated() -> HttpRefusal:
     return HttpRefusal(401, "missing or wrong token: send 'Authorization: Bearer <token>' (the client's api_key)",
                        "authentication_error", "invalid_api_key")
@@ -38,11 +46,12 @@ def too_large(limit: int, what: str) -> HttpRefusal:
 
 def status_for(error: BaseException) -> tuple[int, str, str]:
     """(HTTP status, OpenAI error type, code) for an error, from the one table (refusals.py).
-    The code is the gRPC status name in lower case, so a log line reads the same on every edge."""
+    The code is the gRPC status name in lower case, so a log line reads the same on every edge,
+    or OpenAI's own code where the table gives one (context_length_exceeded)."""
     if isinstance(error, HttpRefusal):
         return error.status, error.kind, error.code
     refusal = refusal_for(error)
-    return refusal.http_status, refusal.openai_type, refusal.code_name.lower()
+    return refusal.http_status, refusal.openai_type, refusal.http_code
 
 
 def error_body(error: BaseException, param: str | None = None) -> tuple[int, dict]:
@@ -50,6 +59,7 @@ def error_body(error: BaseException, param: str | None = None) -> tuple[int, dic
     if refusal_for(error).unexpected:
         log.exception("unexpected error in an HTTP call", exc_info=error)
     message = str(error) or type(error).__name__
+    param = param if param is not None else getattr(error, "param", None)
     return status, {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 

@@ -23,7 +23,7 @@ def _json(name: str) -> dict:
 
 
 def _errors(*statuses: int) -> dict:
-    reasons = {400: "bad request", 401: "missing or wrong token", 403: "browser origin without a token",
+    reasons = {400: "bad request", 401: "missing or wrong token", 403: "a browser origin --cors-origin does not allow",
                404: "unknown model, session or route", 413: "body too large", 429: "queue or sessions full",
                500: "internal error", 501: "not implemented", 503: "shutting down, or the model still loading (retry)"}
     return {str(s): {"description": reasons[s], "content": _json("ErrorResponse")} for s in statuses}
@@ -49,6 +49,12 @@ _SSE_EVENT = {
 }
 
 
+_CLAMPED_HEADER = {"X-Max-Tokens-Clamped": {
+    "description": "max_tokens (or max_completion_tokens) was above --max-tokens-per-request and was lowered to it",
+    "schema": {"type": "integer"},
+}}
+
+
 def _generation(request: str, reply: str, summary: str) -> dict:
     return {"post": {
         "summary": summary,
@@ -57,23 +63,31 @@ def _generation(request: str, reply: str, summary: str) -> dict:
         "requestBody": {"required": True, "content": _json(request)},
         "responses": {
             "200": {"description": "the reply, or with stream: true server-sent events ending in data: [DONE]",
+                    "headers": _CLAMPED_HEADER,
                     "content": {**_json(reply), "text/event-stream": {"schema": _SSE_EVENT}}},
             **_errors(*_GENERATION_ERRORS),
         },
     }}
 
 
-def openapi_document(model_names: tuple[str, ...], max_tokens: int) -> dict:
-    """The document of this daemon: its model names and its --max-tokens-per-request."""
+def openapi_document(model_names: tuple[str, ...] | None, max_tokens: int) -> dict:
+    """The document of this daemon: its model names (None: any name is served by its model) and
+    its --max-tokens-per-request."""
     doc = copy.deepcopy(_document())
     schemas = doc["components"]["schemas"]
     for request in ("ChatCompletionRequest", "CompletionRequest"):
         properties = schemas[request]["properties"]
-        properties["model"] = {"anyOf": [{"enum": list(model_names)}, {"type": "null"}], "default": None,
-                               "description": "the model served (GET /v1/models); unset is the same"}
+        if model_names is None:
+            model = {"anyOf": [{"type": "string"}, {"type": "null"}],
+                     "description": "any name: the one model served answers (GET /v1/models gives its id)"}
+        else:
+            model = {"anyOf": [{"enum": list(model_names)}, {"type": "null"}],
+                     "description": "the model served (GET /v1/models); unset is the same"}
+        properties["model"] = {**model, "default": None}
         for name in ("max_tokens", "max_completion_tokens"):
             if name in properties:
-                properties[name]["maximum"] = max_tokens
+                properties[name]["description"] = (f"at most {max_tokens} (--max-tokens-per-request): more is lowered "
+                                                   f"to it (header X-Max-Tokens-Clamped); -1 is {max_tokens}")
     return doc
 
 
@@ -88,7 +102,8 @@ def _document() -> dict:
     _, schemas = models_json_schema(models, ref_template=_REF)
     return {
         "openapi": "3.1.0",
-        "info": {"title": "xlm-sidecar OpenAI-compatible API", "version": __version__},
+        "info": {"title": "xlm-sidecar OpenAI-compatible API", "version": __version__,
+                 "description": "Every /v1 path is also served without /v1, as llama-server serves them."},
         "components": {
             "schemas": schemas["$defs"],
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from sidecar.api import pb
-from sidecar.service.openai_http import tools
+from sidecar.service.openai_http import logprobs, tools
 from sidecar.service.openai_http.errors import error_body
 
 _FINISH = {
@@ -45,52 +45,80 @@ def finish_reason(final: pb.GenerationFinal) -> str:
     return _FINISH.get(final.finish_reason, "stop")
 
 
-def usage(final: pb.GenerationFinal) -> dict:
-    u = final.usage
+def usage(finals: list[pb.GenerationFinal], n: int = 1) -> dict:
+    """One request's usage. With several choices (n of each prompt, in order) a prompt counts once,
+    as OpenAI counts it, with what of it was cached before this request (its first candidate's
+    figure: the others copy the prefill that one computes, so a prompt is computed once)."""
+    firsts = finals[::n]
+    prompt = sum(f.usage.prompt_tokens for f in firsts)
+    completion = sum(f.usage.completion_tokens for f in finals)
     return {
-        "prompt_tokens": u.prompt_tokens,
-        "completion_tokens": u.completion_tokens,
-        "total_tokens": u.prompt_tokens + u.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": u.cached_prompt_tokens},
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": sum(f.usage.cached_prompt_tokens for f in firsts)},
     }
 
 
-async def collect(first: pb.GenerateChunk, chunks: AsyncIterator[pb.GenerateChunk]) -> tuple[str, pb.GenerationFinal]:
-    """The whole reply's text and its final chunk."""
-    text: list[str] = []
+@dataclass
+class Choice:
+    """One choice of a reply, gathered."""
+
+    text: list[str] = field(default_factory=list)
+    logprobs: list[pb.TokenLogprob] = field(default_factory=list)
+    final: pb.GenerationFinal | None = None
+
+    def add(self, chunk: pb.GenerateChunk) -> None:
+        self.text.append(chunk.text)
+        self.logprobs.extend(chunk.logprobs)
+        if chunk.HasField("final"):
+            self.final = chunk.final
+
+
+async def collect(first: pb.GenerateChunk, chunks: AsyncIterator[pb.GenerateChunk]) -> list[Choice]:
+    """Every choice, whole, in index order (the stream ends once each has its final chunk)."""
+    choices: dict[int, Choice] = {}
     chunk = first
     while True:
-        if chunk.HasField("final"):
-            return "".join(text), chunk.final
-        text.append(chunk.text)
-        chunk = await anext(chunks)
+        choices.setdefault(chunk.index, Choice()).add(chunk)
+        try:
+            chunk = await anext(chunks)
+        except StopAsyncIteration:
+            return [choices[i] for i in sorted(choices)]
 
 
-def chat_completion(ids: ReplyIds, text: str, final: pb.GenerationFinal, message: dict | None = None) -> dict:
+def _chat_logprobs(choice: Choice, asked: bool) -> dict | None:
+    return logprobs.chat_logprobs(choice.logprobs) if asked else None
+
+
+def chat_completion(ids: ReplyIds, choices: list[Choice], messages: list[dict | None], asked_logprobs: bool,
+                    n: int = 1) -> dict:
     return {
         "id": ids.id,
         "object": "chat.completion",
         "created": ids.created,
         "model": ids.model,
         "choices": [{
-            "index": 0,
-            "message": message or {"role": "assistant", "content": text},
-            "finish_reason": "tool_calls" if message and message.get("tool_calls") else finish_reason(final),
-            "logprobs": None,
-        }],
-        "usage": usage(final),
+            "index": i,
+            "message": message or {"role": "assistant", "content": "".join(choice.text)},
+            "finish_reason": "tool_calls" if message and message.get("tool_calls") else finish_reason(choice.final),
+            "logprobs": _chat_logprobs(choice, asked_logprobs),
+        } for i, (choice, message) in enumerate(zip(choices, messages))],
+        "usage": usage([c.final for c in choices], n),
         "system_fingerprint": None,
     }
 
 
-def text_completion(ids: ReplyIds, text: str, final: pb.GenerationFinal) -> dict:
+def text_completion(ids: ReplyIds, choices: list[Choice], asked_logprobs: bool, n: int = 1) -> dict:
     return {
         "id": ids.id,
         "object": "text_completion",
         "created": ids.created,
         "model": ids.model,
-        "choices": [{"index": 0, "text": text, "finish_reason": finish_reason(final), "logprobs": None}],
-        "usage": usage(final),
+        "choices": [{"index": i, "text": "".join(c.text), "finish_reason": finish_reason(c.final),
+                     "logprobs": logprobs.completion_logprobs(c.logprobs) if asked_logprobs else None}
+                    for i, c in enumerate(choices)],
+        "usage": usage([c.final for c in choices], n),
     }
 
 
@@ -98,51 +126,66 @@ def _event(payload: dict) -> str:
     return f"data: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n"
 
 
-def _chat_chunk(ids: ReplyIds, delta: dict, finish: str | None) -> dict:
+def _chat_chunk(ids: ReplyIds, delta: dict, finish: str | None, index: int = 0, lp: dict | None = None) -> dict:
     return {
         "id": ids.id,
         "object": "chat.completion.chunk",
         "created": ids.created,
         "model": ids.model,
-        "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}],
+        "choices": [{"index": index, "delta": delta, "finish_reason": finish, "logprobs": lp}],
         "system_fingerprint": None,
     }
 
 
-def _text_chunk(ids: ReplyIds, text: str, finish: str | None) -> dict:
+def _text_chunk(ids: ReplyIds, text: str, finish: str | None, index: int = 0, lp: dict | None = None) -> dict:
     return {
         "id": ids.id,
         "object": "text_completion",
         "created": ids.created,
         "model": ids.model,
-        "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}],
+        "choices": [{"index": index, "text": text, "finish_reason": finish, "logprobs": lp}],
     }
 
 
-async def events(
-    ids: ReplyIds, first: pb.GenerateChunk, chunks: AsyncIterator[pb.GenerateChunk], include_usage: bool
-) -> AsyncIterator[str]:
-    """Server-sent events for a chat or text completion stream."""
-    if ids.chat:
-        yield _event(_chat_chunk(ids, {"role": "assistant", "content": ""}, None))
-    chunk = first
+def _usage_tail(ids: ReplyIds, finals: list[pb.GenerationFinal], n: int) -> str:
+    tail = _chat_chunk(ids, {}, None) if ids.chat else _text_chunk(ids, "", None)
+    tail["choices"] = []
+    tail["usage"] = usage(finals, n)
+    return _event(tail)
+
+
+async def events(ids: ReplyIds, first: pb.GenerateChunk, chunks: AsyncIterator[pb.GenerateChunk],
+                 include_usage: bool, asked_logprobs: bool = False, n: int = 1) -> AsyncIterator[str]:
+    """Server-sent events for a chat or text completion stream, each choice's deltas under its
+    index as they come (n > 1 interleaves them)."""
+    started: set[int] = set()
+    offsets: dict[int, int] = {}  # a completion's text offsets, per choice
+    finals: dict[int, pb.GenerationFinal] = {}
+    chunk: pb.GenerateChunk | None = first
     try:
-        while not chunk.HasField("final"):
-            if chunk.text:
-                payload = _chat_chunk(ids, {"content": chunk.text}, None) if ids.chat else _text_chunk(ids, chunk.text, None)
-                yield _event(payload)
-            chunk = await anext(chunks)
+        while chunk is not None:
+            i = chunk.index
+            if ids.chat and i not in started:
+                started.add(i)
+                yield _event(_chat_chunk(ids, {"role": "assistant", "content": ""}, None, i))
+            if chunk.text or chunk.logprobs:
+                if ids.chat:
+                    lp = logprobs.chat_logprobs(list(chunk.logprobs)) if asked_logprobs else None
+                    yield _event(_chat_chunk(ids, {"content": chunk.text}, None, i, lp))
+                else:
+                    lp = logprobs.completion_logprobs(list(chunk.logprobs), offsets.get(i, 0)) if asked_logprobs else None
+                    offsets[i] = offsets.get(i, 0) + len(chunk.text)
+                    yield _event(_text_chunk(ids, chunk.text, None, i, lp))
+            if chunk.HasField("final"):
+                finals[i] = chunk.final
+                reason = finish_reason(chunk.final)
+                yield _event(_chat_chunk(ids, {}, reason, i) if ids.chat else _text_chunk(ids, "", reason, i))
+            chunk = await anext(chunks, None)
     except Exception as e:  # not CancelledError: a client gone gets nothing more
         yield _event(error_body(e)[1])
         return
-    final = chunk.final
-    reason = finish_reason(final)
-    yield _event(_chat_chunk(ids, {}, reason) if ids.chat else _text_chunk(ids, "", reason))
-    if include_usage:
-        tail = _chat_chunk(ids, {}, None) if ids.chat else _text_chunk(ids, "", None)
-        tail["choices"] = []
-        tail["usage"] = usage(final)
-        yield _event(tail)
+    if include_usage and finals:
+        yield _usage_tail(ids, [finals[i] for i in sorted(finals)], n)
     yield DONE
 
 
@@ -156,28 +199,31 @@ def tool_message(text: str, spec: tools.ToolSpec) -> dict:
 
 
 async def tool_events(ids: ReplyIds, first: pb.GenerateChunk, chunks: AsyncIterator[pb.GenerateChunk],
-                      include_usage: bool, spec: tools.ToolSpec) -> AsyncIterator[str]:
-    """A tools reply streamed: a call is only known whole once its JSON closes, so the reply is
+                      include_usage: bool, spec: tools.ToolSpec, n: int = 1) -> AsyncIterator[str]:
+    """A tools reply streamed: a call is only known whole once its JSON closes, so each choice is
     gathered, then sent as OpenAI's deltas (the call's id and name, then its arguments)."""
-    yield _event(_chat_chunk(ids, {"role": "assistant", "content": ""}, None))
     try:
-        text, final = await collect(first, chunks)
+        choices = await collect(first, chunks)
     except Exception as e:  # not CancelledError: a client gone gets nothing more
+        yield _event(_chat_chunk(ids, {"role": "assistant", "content": ""}, None))
         yield _event(error_body(e)[1])
         return
-    message = tool_message(text, spec)
-    reason = finish_reason(final)
-    for call in message.get("tool_calls") or ():
-        head = {"index": 0, "id": call["id"], "type": "function", "function": {"name": call["function"]["name"], "arguments": ""}}
-        yield _event(_chat_chunk(ids, {"tool_calls": [head]}, None))
-        yield _event(_chat_chunk(ids, {"tool_calls": [{"index": 0, "function": {"arguments": call["function"]["arguments"]}}]}, None))
-        reason = "tool_calls"
-    if message["content"]:
-        yield _event(_chat_chunk(ids, {"content": message["content"]}, None))
-    yield _event(_chat_chunk(ids, {}, reason))
+    for c, choice in enumerate(choices):
+        yield _event(_chat_chunk(ids, {"role": "assistant", "content": ""}, None, c))
+        message = tool_message("".join(choice.text), spec)
+        reason = finish_reason(choice.final)
+        # Each call by its index in the list, as OpenAI streams several: clients gather deltas by it.
+        for index, call in enumerate(message.get("tool_calls") or ()):
+            function = call["function"]
+            head = {"index": index, "id": call["id"], "type": "function",
+                    "function": {"name": function["name"], "arguments": ""}}
+            yield _event(_chat_chunk(ids, {"tool_calls": [head]}, None, c))
+            yield _event(_chat_chunk(ids, {"tool_calls": [{"index": index, "function": {"arguments": function["arguments"]}}]},
+                                     None, c))
+            reason = "tool_calls"
+        if message["content"]:
+            yield _event(_chat_chunk(ids, {"content": message["content"]}, None, c))
+        yield _event(_chat_chunk(ids, {}, reason, c))
     if include_usage:
-        tail = _chat_chunk(ids, {}, None)
-        tail["choices"] = []
-        tail["usage"] = usage(final)
-        yield _event(tail)
+        yield _usage_tail(ids, [c.final for c in choices], n)
     yield DONE

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
 
+from sidecar.backend.requests import MAX_TOP_LOGPROBS
 from sidecar.backend.sessions import MAX_SESSION_ID_LENGTH
+from sidecar.service.token_controls import MAX_CANDIDATES
 
 # OpenAI's own ranges where ours are wider. Seeds take any uint64, as gRPC's do (folded into
 # llama.cpp's 32 bits the same way, convert.sampling_from_pb).
@@ -21,9 +23,29 @@ Temperature = Annotated[float, Field(ge=0.0, le=2.0)]
 TopP = Annotated[float, Field(ge=0.0, le=1.0)]
 Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
 Seed = Annotated[int, Field(ge=0, le=2**64 - 1)]
-MaxTokens = Annotated[int, Field(ge=1, le=1 << 20)]
+NO_LIMIT = -1  # LM Studio's max_tokens for "as long as the model likes": here, up to the limit
+
+
+def _whole(value: Any) -> Any:
+    # JavaScript clients send 8.0 where they mean 8; 8.5 stays a float, refused as one.
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def _positive_or_no_limit(value: int) -> int:
+    if value < 1 and value != NO_LIMIT:
+        raise ValueError("must be at least 1, or -1 for the server's limit")
+    return value
+
+
+# Any count is taken: above --max-tokens-per-request it is clamped to it (translate), as
+# llama-server and LM Studio do, not refused.
+MaxTokens = Annotated[int, BeforeValidator(_whole), AfterValidator(_positive_or_no_limit), WithJsonSchema(
+    {"anyOf": [{"type": "integer", "minimum": 1}, {"const": NO_LIMIT}]})]
 StopString = Annotated[str, Field(min_length=1, max_length=256)]
 Stop = Union[StopString, Annotated[list[StopString], Field(max_length=16)], None]
+# Prompts one /v1/completions request may carry; with n, each is a sequence of its own.
+MAX_PROMPTS = 16
+TokenIds = Annotated[list[Annotated[int, Field(ge=0, le=2**31 - 1)]], Field(min_length=1)]
 # Declared so a client's use of it is refused by name; the document says which values pass.
 _REFUSED_UNLESS_OFF = {"enum": [False, None]}
 
@@ -132,8 +154,13 @@ class _Sampling(_Body):
     stop: Stop = None
     frequency_penalty: Penalty | None = None
     presence_penalty: Penalty | None = None
-    logit_bias: dict[str, float] | None = Field(None, json_schema_extra={"maxProperties": 0})
-    n: Annotated[int, Field(ge=1, le=128)] | None = Field(None, json_schema_extra={"maximum": 1})
+    logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = Field(
+        None, description="token id (as a string) -> bias, -100 to 100; -100 bans the token (POST /tokenize finds ids)")
+    n: Annotated[int, Field(ge=1, le=MAX_CANDIDATES)] | None = Field(
+        None, description="candidate replies computed from one prefill of the prompt; one-offs (no session)")
+    # llama-server's own constraints, honoured rather than ignored: a GBNF grammar, a JSON schema.
+    grammar: Annotated[str, Field(min_length=1)] | None = None
+    json_schema: dict[str, Any] | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     user: Annotated[str, Field(max_length=MAX_SESSION_ID_LENGTH)] | None = Field(
@@ -148,13 +175,15 @@ class ChatCompletionRequest(_Sampling):
     tools: list[Tool] | None = None
     tool_choice: ToolChoice = None
     parallel_tool_calls: bool | None = None
-    logprobs: bool | None = Field(None, json_schema_extra=_REFUSED_UNLESS_OFF)
-    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = Field(None, json_schema_extra={"maximum": 0})
+    logprobs: bool | None = None
+    top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
 
 
 class CompletionRequest(_Sampling):
-    prompt: Union[str, Annotated[list[str], Field(min_length=1, max_length=1)]]
+    # A text, texts (one choice each, or n each), token ids, or lists of token ids.
+    prompt: Union[str, Annotated[list[str], Field(min_length=1, max_length=MAX_PROMPTS)], TokenIds,
+                  Annotated[list[TokenIds], Field(min_length=1, max_length=MAX_PROMPTS)]]
     echo: bool | None = Field(None, json_schema_extra=_REFUSED_UNLESS_OFF)
     suffix: str | None = Field(None, json_schema_extra={"maxLength": 0})
     best_of: Annotated[int, Field(ge=1, le=128)] | None = Field(None, json_schema_extra={"maximum": 1})
-    logprobs: Annotated[int, Field(ge=0, le=5)] | None = Field(None, json_schema_extra={"maximum": 0})
+    logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None

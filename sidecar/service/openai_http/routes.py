@@ -3,7 +3,8 @@
 Every route but /health and /openapi.json needs the launch token as `Authorization: Bearer`
 (the `api_key` of any OpenAI client). Bodies are read with a size limit before they are parsed,
 then validated by the request models, translated to xlm.v1 requests and run by the same core as
-gRPC and the WebSocket bridge.
+gRPC and the WebSocket bridge. The API's routes are served under /v1 and without it, as
+llama-server serves them: a client configured with either base URL works.
 """
 
 from __future__ import annotations
@@ -19,20 +20,26 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import Mount, Route
 
 from sidecar.api import pb
-from sidecar.errors import InvalidArgument, NotFound
-from sidecar.service import convert
+from sidecar.errors import NotFound
+from sidecar.service import candidates, convert
 from sidecar.service.auth import Authenticator
 from sidecar.service.core import SidecarService
-from sidecar.service.openai_http import replies, translate
+from sidecar.service.openai_http import model_routes, replies, translate
+from sidecar.service.openai_http.cors import CorsPolicy
 from sidecar.service.openai_http.disconnect import ClientGone, EventStream, until_disconnected
-from sidecar.service.openai_http.errors import HttpRefusal, error_response, too_large, unauthenticated
+from sidecar.service.openai_http.errors import HttpRefusal, InvalidBody, error_response, too_large, unauthenticated
 from sidecar.service.openai_http.openapi import openapi_document
 from sidecar.service.openai_http.request_models import ChatCompletionRequest, CompletionRequest, ImagePart
+from sidecar.service.openai_http.validation import describe
 
 SESSION_HEADER = "x-session-id"
+CLAMPED_HEADER = "X-Max-Tokens-Clamped"
+# The API's routes are mounted under each: OpenAI's base URL ends in /v1, llama-server's and
+# some plugins' do not.
+API_PREFIXES = ("/v1", "")
 # JSON bodies without images: a conversation of 1 MiB is far beyond any context this daemon
 # serves, and bounds what one request can make the daemon parse.
 MAX_TEXT_BODY_BYTES = 1 << 20
@@ -49,7 +56,8 @@ def image_allowance(max_image_bytes: int) -> int:
 
 class OpenAIApi:
     def __init__(self, core: SidecarService, authenticator: Authenticator, model_path: Path,
-                 max_tokens_per_request: int, model_id: str | None = None) -> None:
+                 max_tokens_per_request: int, model_id: str | None = None, *, strict_model_names: bool = False,
+                 cors: CorsPolicy | None = None) -> None:
         # Built when the daemon listens, before the model is loaded (the backend comes later):
         # the model's names come from its path, its own name once it is loaded.
         self.core = core
@@ -57,6 +65,10 @@ class OpenAIApi:
         self.model_id = model_id or Path(model_path).stem
         self._path_names = {self.model_id} if model_id else {self.model_id, Path(model_path).name}
         self._max_tokens = max_tokens_per_request
+        # One model is served: a request naming another ("gpt-3.5-turbo", a plugin's default) is
+        # served by it, as llama-server and LM Studio do, unless --strict-model-names.
+        self.strict_model_names = strict_model_names
+        self.cors = cors or CorsPolicy()
         self.created = int(time.time())
 
     @property
@@ -70,16 +82,25 @@ class OpenAIApi:
         return MAX_TEXT_BODY_BYTES + (image_allowance(self.core.info.max_image_bytes) if vision else 0)
 
     def app(self) -> Starlette:
+        api = [
+            Route("/models", self._guarded(self.models), methods=["GET"]),
+            Route("/models/{model:path}", self._guarded(self.model), methods=["GET"]),
+            Route("/chat/completions", self._guarded(self.chat), methods=["POST"]),
+            Route("/completions", self._guarded(self.completions), methods=["POST"]),
+            Route("/sessions/{session_id:path}", self._guarded(self.end_session), methods=["DELETE"]),
+            Route("/embeddings", self._guarded(self.embeddings), methods=["POST"]),
+            # llama-server's: count tokens before sending, find a word's ids, read the context size.
+            Route("/tokenize", self._guarded(self.tokenize), methods=["POST"]),
+            Route("/detokenize", self._guarded(self.detokenize), methods=["POST"]),
+            Route("/props", self._guarded(self.props), methods=["GET"]),
+        ]
         routes = [
             Route("/health", self.health, methods=["GET"]),
             Route("/openapi.json", self.openapi, methods=["GET"]),
-            Route("/v1/models", self._guarded(self.models), methods=["GET"]),
-            Route("/v1/models/{model:path}", self._guarded(self.model), methods=["GET"]),
-            Route("/v1/chat/completions", self._guarded(self.chat), methods=["POST"]),
-            Route("/v1/completions", self._guarded(self.completions), methods=["POST"]),
-            Route("/v1/sessions/{session_id:path}", self._guarded(self.end_session), methods=["DELETE"]),
+            *(Mount(prefix, routes=api) for prefix in API_PREFIXES),
         ]
-        return Starlette(routes=routes, exception_handlers={HTTPException: self._http_exception})
+        app = Starlette(routes=routes, exception_handlers={HTTPException: self._http_exception})
+        return self.cors.wrap(app)
 
     # -- plumbing ---------------------------------------------------------------------------------
 
@@ -100,9 +121,12 @@ class OpenAIApi:
 
     def _authorize(self, request: Request) -> None:
         if not self.authenticator.required:
-            # Without a token any web page could drive the model through a local port.
-            if request.headers.get("origin") is not None:
-                raise HttpRefusal(403, "browser origins are refused without a token", "permission_error", "forbidden")
+            # Without a token any web page could drive the model through a local port: only the
+            # pages of an origin named by --cors-origin may (cors.py).
+            origin = request.headers.get("origin")
+            if origin is not None and not self.cors.allows(origin):
+                raise HttpRefusal(403, "browser origins are refused without a token, but for those --cors-origin names",
+                                  "permission_error", "forbidden")
             return
         if not self.authenticator.accepts_header(request.headers.get("authorization")):
             raise unauthenticated()
@@ -142,42 +166,48 @@ class OpenAIApi:
         try:
             return model.model_validate_json(raw, strict=True)
         except pydantic.ValidationError as e:
-            first = e.errors()[0]
-            where = ".".join(str(p) for p in first["loc"]) or "body"
-            raise InvalidArgument(f"{where}: {first['msg']}" + (f" ({e.error_count()} problems)" if e.error_count() > 1 else "")) from None
+            raise InvalidBody(*describe(e, raw)) from None
 
-    def _check_model(self, name: str | None) -> None:
-        if name and name not in self.model_names:
+    def _check_model(self, name: str | None, strict: bool) -> None:
+        if strict and name and name not in self.model_names:
             raise NotFound(f"the model {name!r} is not served here; GET /v1/models lists {self.model_id!r}")
 
-    def _stream(self, turn: translate.Turn) -> AsyncIterator[pb.GenerateChunk]:
+    def _stream(self, turns: list[translate.Turn]) -> AsyncIterator[pb.GenerateChunk]:
         # The whole conversation, every turn, as OpenAI clients send it: the backend decides what
-        # its session already holds (resent_turns.py), never this transport.
-        return self.core.generate(turn.request, image=turn.image, resends_history=True)
+        # its session already holds (resent_turns.py), never this transport. Several prompts run
+        # side by side, their choices in OpenAI's order (prompt i's candidate j is i * n + j).
+        streams = [self.core.generate(t.request, image=t.image, resends_history=True) for t in turns]
+        return streams[0] if len(streams) == 1 else candidates.merged(streams, stride=turns[0].request.n or 1)
 
-    async def _respond(self, request: Request, turn: translate.Turn, ids: replies.ReplyIds, stream: bool,
+    async def _respond(self, request: Request, turns: list[translate.Turn], ids: replies.ReplyIds, stream: bool,
                        include_usage: bool, session_id: str) -> Response:
-        chunks = self._stream(turn)
+        chunks = self._stream(turns)
+        turn = turns[0]
+        n = turn.request.n or 1
+        asked_logprobs = turn.request.HasField("logprobs")
         # Echoed where a header can carry it: a `user` field may hold any text, a header only ASCII.
         headers = {"X-Session-Id": session_id} if session_id and session_id.isascii() and session_id.isprintable() else {}
+        if turn.max_tokens_clamped is not None:
+            headers[CLAMPED_HEADER] = str(turn.max_tokens_clamped)
         try:
             # Errors before the first token (bad arguments, no projector, a full queue) get their
             # own status; only after it must they travel inside a 200 stream.
             first = await until_disconnected(request.receive, anext(chunks))
             if stream:
-                events = (replies.tool_events(ids, first, chunks, include_usage, turn.tools) if turn.tools is not None
-                          else replies.events(ids, first, chunks, include_usage))
+                events = (replies.tool_events(ids, first, chunks, include_usage, turn.tools, n) if turn.tools is not None
+                          else replies.events(ids, first, chunks, include_usage, asked_logprobs, n))
                 return EventStream(events, source=chunks, headers=headers)
-            text, final = await until_disconnected(request.receive, replies.collect(first, chunks))
+            choices = await until_disconnected(request.receive, replies.collect(first, chunks))
         except BaseException:
             await chunks.aclose()
             raise
         await chunks.aclose()
         if not ids.chat:
-            body = replies.text_completion(ids, text, final)
+            body = replies.text_completion(ids, choices, asked_logprobs, n)
         else:
-            message = replies.tool_message(text, turn.tools) if turn.tools is not None else None
-            body = replies.chat_completion(ids, text, final, message)
+            messages = [replies.tool_message("".join(c.text), turn.tools) if turn.tools is not None else None
+                        for c in choices]
+            body = replies.chat_completion(ids, choices, messages, asked_logprobs, n)
         return JSONResponse(body, headers=headers)
 
     # -- endpoints --------------------------------------------------------------------------------
@@ -193,13 +223,15 @@ class OpenAIApi:
         return JSONResponse({"status": "ok"})
 
     async def openapi(self, request: Request) -> Response:
-        return JSONResponse(openapi_document(tuple(sorted(self.model_names)), self._max_tokens_limit()))
+        names = tuple(sorted(self.model_names)) if self.strict_model_names else None
+        return JSONResponse(openapi_document(names, self._max_tokens_limit()))
 
     async def models(self, request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [self._model_object()]})
 
     async def model(self, request: Request) -> Response:
-        self._check_model(request.path_params["model"] or "?")
+        # Only the served model's own names answer here: a client listing models sees one.
+        self._check_model(request.path_params["model"] or "?", strict=True)
         return JSONResponse(self._model_object())
 
     def _model_object(self) -> dict:
@@ -210,24 +242,50 @@ class OpenAIApi:
         self._check_message_count(raw)
         body: ChatCompletionRequest = self._parse(ChatCompletionRequest, raw)
         self._check_text_size(raw, body)
-        self._check_model(body.model)
+        self._check_model(body.model, self.strict_model_names)
         session_id = translate.session_id_of(request.headers.get(SESSION_HEADER), body)
         turn = translate.chat_request(body, session_id, self._max_tokens_limit())
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         ids = replies.ReplyIds(self.model_id, chat=True)
-        return await self._respond(request, turn, ids, bool(body.stream), include_usage, session_id)
+        return await self._respond(request, [turn], ids, bool(body.stream), include_usage, turn.request.session_id)
 
     async def completions(self, request: Request) -> Response:
         raw = await self._body(request)
         if len(raw) > MAX_TEXT_BODY_BYTES:
             raise too_large(MAX_TEXT_BODY_BYTES, f"for JSON ({MAX_TEXT_BODY_BYTES})")
         body: CompletionRequest = self._parse(CompletionRequest, raw)
-        self._check_model(body.model)
+        self._check_model(body.model, self.strict_model_names)
         session_id = translate.session_id_of(request.headers.get(SESSION_HEADER), body)
-        turn = translate.completion_request(body, session_id, self._max_tokens_limit())
+        texts, token_prompts = translate.prompt_texts(body)
+        for tokens in token_prompts:  # the ids' own text, which the engine tokenizes back to them
+            texts.append((await self.core.detokenize(pb.DetokenizeRequest(tokens=tokens))).text)
+        turns = translate.completion_requests(body, session_id, self._max_tokens_limit(), texts)
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         ids = replies.ReplyIds(self.model_id, chat=False)
-        return await self._respond(request, turn, ids, bool(body.stream), include_usage, session_id)
+        return await self._respond(request, turns, ids, bool(body.stream), include_usage, turns[0].request.session_id)
+
+    async def embeddings(self, request: Request) -> Response:
+        body = self._parse(model_routes.EmbeddingRequest, await self._small_body(request))
+        self._check_model(body.model, self.strict_model_names)
+        return JSONResponse(await model_routes.embeddings(self.core, body, self.model_id))
+
+    async def tokenize(self, request: Request) -> Response:
+        body = self._parse(model_routes.TokenizeRequest, await self._small_body(request))
+        return JSONResponse(await model_routes.tokenize(self.core, body))
+
+    async def detokenize(self, request: Request) -> Response:
+        body = self._parse(model_routes.DetokenizeRequest, await self._small_body(request))
+        return JSONResponse(await model_routes.detokenize(self.core, body))
+
+    async def props(self, request: Request) -> Response:
+        return JSONResponse(model_routes.props(self.core, self.model_id))
+
+    async def _small_body(self, request: Request) -> bytes:
+        """A body without images: the JSON limit, whatever the model."""
+        raw = await self._body(request)
+        if len(raw) > MAX_TEXT_BODY_BYTES:
+            raise too_large(MAX_TEXT_BODY_BYTES, f"for JSON ({MAX_TEXT_BODY_BYTES})")
+        return raw
 
     async def end_session(self, request: Request) -> Response:
         session_id = request.path_params["session_id"]

@@ -19,6 +19,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from sidecar.service.auth import Authenticator
 from sidecar.service.core import SidecarService
+from sidecar.service.openai_http.cors import CorsPolicy
 from sidecar.service.openai_http.routes import OpenAIApi
 
 
@@ -88,8 +89,10 @@ class OpenAIHttpServer:
     """One per daemon, on the daemon's event loop."""
 
     def __init__(self, core: SidecarService, authenticator: Authenticator, model_path, max_tokens_per_request: int,
-                 model_id: str | None = None) -> None:
-        self.api = OpenAIApi(core, authenticator, model_path, max_tokens_per_request, model_id)
+                 model_id: str | None = None, *, strict_model_names: bool = False,
+                 cors_origins: tuple[str, ...] = ()) -> None:
+        self.api = OpenAIApi(core, authenticator, model_path, max_tokens_per_request, model_id,
+                             strict_model_names=strict_model_names, cors=CorsPolicy(cors_origins))
         self._server: _Server | None = None
         self._task: asyncio.Task | None = None
         self._socket: socket.socket | None = None

@@ -2,8 +2,9 @@
 refuses and accepts exactly what gRPC does: the same stop-string limits, the same JSON-schema
 grammar, the same sampler ranges, and the same session behaviour.
 
-What OpenAI defines and the daemon cannot do is refused with a 400 that names the field: `n`
-other than 1, `logprobs`, `logit_bias`, `echo`, `suffix`, `best_of` above 1, remote image URLs.
+What OpenAI defines and the daemon cannot do is refused with a 400 that names the field: `echo`,
+`suffix`, `best_of` other than n, remote image URLs. llama-server's own `grammar` (GBNF) and
+top-level `json_schema` are honoured, never ignored.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from sidecar.service.openai_http.request_models import (
     ImagePart,
     JsonObjectFormat,
     JsonSchemaResponseFormat,
+    NO_LIMIT,
     _Sampling,
 )
 
@@ -41,6 +43,8 @@ class Turn:
     request: pb.GenerateRequest
     image: bytes | None = None
     tools: tool_calls.ToolSpec | None = None
+    # The limit max_tokens was lowered to (--max-tokens-per-request), for the reply to say so.
+    max_tokens_clamped: int | None = None
 
 
 def session_id_of(header: str | None, body: _Sampling) -> str:
@@ -55,64 +59,108 @@ def session_id_of(header: str | None, body: _Sampling) -> str:
 
 
 def chat_request(body: ChatCompletionRequest, session_id: str, max_tokens_limit: int) -> Turn:
-    _refuse_unsupported(body)
-    if body.logprobs or body.top_logprobs:
-        raise InvalidArgument("logprobs are not supported by this server")
-    tools = tool_calls.tool_spec(body.tools, body.tool_choice)
+    if body.top_logprobs is not None and not body.logprobs:
+        raise InvalidArgument("top_logprobs needs logprobs: true")
+    # Several calls only when asked for in so many words: one call is what small models do well.
+    parallel = body.parallel_tool_calls is True and body.tool_choice in (None, "auto", "required")
+    tools = tool_calls.tool_spec(body.tools, body.tool_choice, parallel)
     conversation: list[tuple[str, str]] = []
     images: list[bytes] = []
+    call_names: dict[str, str] = {}  # tool call id -> function name, for the results that follow
     for message in body.messages:
-        conversation.append(_message_text(message, images))
+        conversation.append(_message_text(message, images, call_names))
+    max_tokens, clamped = _max_tokens(body.max_completion_tokens or body.max_tokens, max_tokens_limit)
     # Tools go as xlm.v1 tools, as over gRPC: the backend tells a session them once, and again
     # in a system message of their own when they change, without restarting the session.
     request = pb.GenerateRequest(
         messages=pb.ChatMessages(messages=[pb.ChatMessage(role=r, content=c) for r, c in conversation]),
         sampling=_sampling(body),
-        max_tokens=_max_tokens(body.max_completion_tokens or body.max_tokens, max_tokens_limit),
+        max_tokens=max_tokens,
         stop=_stops(body.stop),
         json_schema=_json_schema(body),
-        session_id=session_id,
+        session_id=_session(body, session_id),
         tools=tool_calls.pb_tools(body.tools) if tools is not None else [],
         tool_choice=tool_calls.pb_tool_choice(body.tool_choice) if tools is not None else "",
+        parallel_tool_calls=tools is not None and tools.parallel,
+        n=body.n or 1,
+        grammar=body.grammar or "",
     )
+    if body.logprobs:
+        request.logprobs = body.top_logprobs or 0
     # Only the last image can be new (the backend refuses more than one new one).
-    return Turn(request, images[-1] if images else None, tools)
+    return Turn(request, images[-1] if images else None, tools, clamped)
 
 
-def completion_request(body: CompletionRequest, session_id: str, max_tokens_limit: int) -> Turn:
-    _refuse_unsupported(body)
+def completion_requests(body: CompletionRequest, session_id: str, max_tokens_limit: int,
+                        prompts: list[str]) -> list[Turn]:
+    """One turn per prompt (`prompts`: the body's, token-id prompts already turned to text), each
+    with the body's n; choice i * n + j is prompt i's candidate j, as OpenAI orders them."""
     if body.echo:
         raise InvalidArgument("echo is not supported by this server")
     if body.suffix:
         raise InvalidArgument("suffix (fill-in-the-middle) is not supported by this server")
-    if body.best_of is not None and body.best_of != 1:
-        raise InvalidArgument("best_of must be 1: this server returns one completion per request")
-    if body.logprobs:
-        raise InvalidArgument("logprobs are not supported by this server")
-    prompt = body.prompt if isinstance(body.prompt, str) else body.prompt[0]
-    request = pb.GenerateRequest(
-        prompt=prompt,
-        sampling=_sampling(body),
-        max_tokens=_max_tokens(body.max_tokens, max_tokens_limit),
-        stop=_stops(body.stop),
-        session_id=session_id,
-    )
-    return Turn(request)
+    if body.best_of is not None and body.best_of != (body.n or 1):
+        raise InvalidArgument("best_of must equal n: this server returns every completion it makes")
+    max_tokens, clamped = _max_tokens(body.max_tokens, max_tokens_limit)
+    # Several prompts are one-offs, as several candidates are: no one of them is the session's turn.
+    session = _session(body, session_id) if len(prompts) == 1 else ""
+    turns = []
+    for prompt in prompts:
+        refuse_image_marker(prompt, "prompt")
+        request = pb.GenerateRequest(
+            prompt=prompt,
+            sampling=_sampling(body),
+            max_tokens=max_tokens,
+            stop=_stops(body.stop),
+            session_id=session,
+            n=body.n or 1,
+            grammar=body.grammar or "",
+            json_schema=json.dumps(body.json_schema) if body.json_schema is not None else "",
+        )
+        if body.logprobs is not None:
+            request.logprobs = body.logprobs
+        turns.append(Turn(request, max_tokens_clamped=clamped))
+    return turns
 
 
-def _refuse_unsupported(body: _Sampling) -> None:
-    if body.n is not None and body.n != 1:
-        raise InvalidArgument("n must be 1: this server returns one choice per request (send n requests instead)")
-    if body.logit_bias:
-        raise InvalidArgument("logit_bias is not supported by this server")
+def prompt_texts(body: CompletionRequest) -> tuple[list[str], list[list[int]]]:
+    """(text prompts, token-id prompts): one of the two is empty."""
+    p = body.prompt
+    if isinstance(p, str):
+        return [p], []
+    if isinstance(p[0], str):
+        return list(p), []
+    if isinstance(p[0], int):
+        return [], [list(p)]
+    return [], [list(q) for q in p]
 
 
-def _message_text(message: ChatMessage, images: list[bytes]) -> tuple[str, str]:
-    """(role, text) with an image part standing as the image marker; images collected in order."""
+def _session(body: _Sampling, session_id: str) -> str:
+    """Candidates (n > 1) are one-offs: none of them is the session's turn until the game sends the
+    one it keeps back as the assistant's message (HTTP resends the whole conversation anyway)."""
+    return session_id if (body.n or 1) == 1 else ""
+
+
+def _logit_bias(body: _Sampling) -> dict[int, float]:
+    biases = {}
+    for key, bias in (body.logit_bias or {}).items():
+        try:
+            token = int(key)
+        except ValueError:
+            raise InvalidArgument(f"logit_bias keys are token ids, not {key[:40]!r}: POST /tokenize gives a word's "
+                                  "ids") from None
+        biases[token] = bias
+    return biases
+
+
+def _message_text(message: ChatMessage, images: list[bytes], call_names: dict[str, str]) -> tuple[str, str]:
+    """(role, text) with an image part standing as the image marker; images collected in order,
+    and the names of the calls made so far by id."""
     role = "system" if message.role == "developer" else message.role
     if role == "tool":
-        return tool_calls.tool_result_message(message)
+        return tool_calls.tool_result_message(message, call_names)
     if role == "assistant" and message.tool_calls:
+        call_names.update((call.id, call.function.name) for call in message.tool_calls)
         return tool_calls.assistant_call_message(message)
     content = message.content
     if content is None:
@@ -163,13 +211,22 @@ def _sampling(body: _Sampling) -> pb.SamplingParams:
         s.frequency_penalty = body.frequency_penalty
     if body.presence_penalty is not None:
         s.presence_penalty = body.presence_penalty
+    for token, bias in _logit_bias(body).items():
+        s.logit_bias[token] = bias
     return s
 
 
-def _max_tokens(asked: int | None, limit: int) -> int:
-    """Unset: the daemon's default reply length, never above --max-tokens-per-request (OpenAI's
-    "as long as the model likes" would let one NPC hold a sequence for the whole context)."""
-    return asked if asked is not None else min(DEFAULT_MAX_TOKENS, limit)
+def _max_tokens(asked: int | None, limit: int) -> tuple[int, int | None]:
+    """(max_tokens, the limit when it was lowered to it). Unset: the daemon's default reply
+    length, never above --max-tokens-per-request (OpenAI's "as long as the model likes" would
+    let one NPC hold a sequence for the whole context). -1 (LM Studio's "no limit"): the limit.
+    More than the limit: the limit, as llama-server and LM Studio do; a client written for them
+    asks for 4096 and expects a reply, not a 400."""
+    if asked is None:
+        return min(DEFAULT_MAX_TOKENS, limit), None
+    if asked == NO_LIMIT:
+        return limit, None
+    return (asked, None) if asked <= limit else (limit, limit)
 
 
 def _stops(stop: str | list[str] | None) -> list[str]:
@@ -179,6 +236,10 @@ def _stops(stop: str | list[str] | None) -> list[str]:
 
 
 def _json_schema(body: ChatCompletionRequest) -> str:
+    if body.json_schema is not None:  # llama-server's top-level field
+        if body.response_format is not None:
+            raise InvalidArgument("give json_schema or response_format, not both")
+        return json.dumps(body.json_schema)
     fmt = body.response_format
     if isinstance(fmt, JsonObjectFormat):
         return json.dumps({"type": "object"})

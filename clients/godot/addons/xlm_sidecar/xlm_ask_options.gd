@@ -1,8 +1,9 @@
 class_name XlmAskOptions
 extends Resource
-## How one question is asked: the NPC's persona, reply length, sampling, stop strings and an
-## optional JSON schema. Values left at their defaults (negative or empty) are not sent, so the
-## daemon's defaults apply. A Resource, so an NPC can keep its options in the inspector.
+## How one question is asked: the NPC's persona, reply length, sampling (logit biases too), stop
+## strings, an optional JSON schema or GBNF grammar, and token log probabilities. Values left at
+## their defaults (negative or empty) are not sent, so the daemon's defaults apply. A Resource, so
+## an NPC can keep its options in the inspector.
 
 const Tool := preload("res://addons/xlm_sidecar/xlm_tool.gd")
 
@@ -29,6 +30,15 @@ const Tool := preload("res://addons/xlm_sidecar/xlm_tool.gd")
 ## With tools: "required" (the daemon's default when empty: the reply is a call), "auto" (a call
 ## or words), "none" (tools ignored), or one tool's name (a call of that one).
 @export var tool_choice := ""
+## Token id -> a bias added to its logit before sampling, -100 to 100: -100 bans the token, +5
+## makes it much likelier. XlmSidecarClient.tokenize() finds the ids. At most 1024 entries.
+@export var logit_bias := {}
+## Return each reply token's log probability with this many of the likeliest alternatives at its
+## position (0 to 20): XlmCall.token_logprobs(), alternative_ids(). Negative: none.
+@export var logprobs := -1
+## A GBNF grammar (llama.cpp's format, with a root rule) the reply is held to, e.g.
+## root ::= "Aye" | "Nay" for a fixed answer shape. Not with json_schema or tools.
+@export_multiline var grammar := ""
 ## Forget the session's history before this turn.
 @export var reset_session := false
 ## Give up after this many milliseconds (the call fails with DEADLINE_EXCEEDED); 0 = no limit.

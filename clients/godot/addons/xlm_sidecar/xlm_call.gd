@@ -1,8 +1,9 @@
 class_name XlmCall
 extends RefCounted
-## One call to the daemon: a reply being streamed, or a status, budget or session request.
-## `token` carries the reply's text as it arrives; `finished` fires exactly once when the call
-## ends, whether it succeeded or failed, so `await call.finished` always returns.
+## One call to the daemon: a reply being streamed (or several candidate replies), or a status,
+## budget, session, embedding or token request. `token` carries the reply's text as it arrives;
+## `finished` fires exactly once when the call ends, whether it succeeded or failed, so
+## `await call.finished` always returns.
 
 ## New text of the reply: a few tokens at a time, always whole characters.
 signal token(text: String)
@@ -10,19 +11,30 @@ signal token(text: String)
 signal finished
 
 const Protocol := preload("res://addons/xlm_sidecar/xlm_protocol.gd")
+const Logprobs := preload("res://addons/xlm_sidecar/xlm_logprobs.gd")
 
 ## The id it carries on the socket; pass it to XlmSidecarClient.cancel().
 var id := ""
 var method := ""
 var session_id := ""
-## The reply so far (the whole reply once finished).
+## The reply so far (the whole reply once finished); detokenize(): the text of the tokens.
 var text := ""
 ## Tokens received so far.
 var token_count := 0
+## The reply's token ids so far (the ids XlmAskOptions.logit_bias takes).
+var token_ids := PackedInt32Array()
+## With XlmAskOptions.logprobs: each token's log probability and alternatives, one per token of
+## token_ids (see XlmLogprobs).
+var logprobs: Logprobs = Logprobs.new()
 ## Generate and AskImage: the last chunk's GenerationFinal (finish reason, usage, timings, image).
 var final_message := {}
-## GetStatus, SetBudget and EndSession: the response message.
+## GetStatus, SetBudget, EndSession, Embed, Tokenize and Detokenize: the response message.
 var result := {}
+## ask_candidates: one XlmCall per candidate, in index order, each with its own `token` signal,
+## text, final_message and `finished` (all fired before this call's). Empty for other calls.
+var candidates: Array = []
+## Which candidate this is (its place in the parent call's `candidates`); 0 for other calls.
+var index := 0
 ## A gRPC status name ("CANCELLED", "NOT_FOUND", ...) when the call failed; empty otherwise.
 var error_code := ""
 var error_message := ""
@@ -46,7 +58,10 @@ func finish_reason() -> String:
 	return Protocol.read_string(final_message, Protocol.FIELD_FINISH_REASON)
 
 
+## The prompt's tokens (for embed(): the tokens of all its texts).
 func prompt_tokens() -> int:
+	if method == Protocol.METHOD_EMBED:
+		return Protocol.read_int(result, Protocol.FIELD_PROMPT_TOKENS)
 	return Protocol.read_int(_usage(), Protocol.FIELD_PROMPT_TOKENS)
 
 
@@ -113,21 +128,74 @@ func parse_json() -> Variant:
 	return json.data
 
 
-## Called by XlmSidecarClient for each chunk of a streamed reply.
-func receive_chunk(chunk_text: String, tokens: int, chunk_final: Dictionary) -> void:
-	text += chunk_text
-	token_count += tokens
+## ask_candidates: each candidate's text, in index order.
+func candidate_texts() -> PackedStringArray:
+	var texts := PackedStringArray()
+	for each: Variant in candidates:
+		texts.append(each.text)
+	return texts
+
+
+## embed(): one vector per text, in order; unit vectors of one length, so
+## XlmSidecarClient.similarity() (a dot product) compares them.
+func embeddings() -> Array[PackedFloat32Array]:
+	var vectors: Array[PackedFloat32Array] = []
+	for embedding: Dictionary in Protocol.read_array(result, Protocol.FIELD_EMBEDDINGS):
+		vectors.append(PackedFloat32Array(Protocol.read_array(embedding, Protocol.FIELD_VALUES)))
+	return vectors
+
+
+## tokenize(): the served model's token ids for the text.
+func tokens() -> PackedInt32Array:
+	var ids := PackedInt32Array()
+	for token_id: Variant in Protocol.read_array(result, Protocol.FIELD_TOKENS):
+		ids.append(int(token_id))
+	return ids
+
+
+## Called by XlmSidecarClient for ask_candidates: one XlmCall per candidate, before any chunk.
+func expect_candidates(n: int) -> void:
+	for i in n:
+		var each: Variant = get_script().new(id, method, session_id)
+		each.index = i
+		each.frame = frame
+		candidates.append(each)
+
+
+## Called by XlmSidecarClient for each chunk of a streamed reply; a candidate's chunk goes to that
+## candidate. Returns the chunk's text.
+func receive_chunk(chunk: Dictionary) -> String:
+	if not candidates.is_empty():
+		var i := Protocol.read_int(chunk, Protocol.FIELD_INDEX)
+		if i < 0 or i >= candidates.size():
+			push_warning(
+				"xlm-sidecar: %s: a chunk of candidate %d of %d" % [id, i, candidates.size()]
+			)
+			return ""
+		var each: Variant = candidates[i]
+		return each.receive_chunk(chunk)
+	var chunk_text := Protocol.read_string(chunk, Protocol.FIELD_TEXT)
+	for token_id: Variant in Protocol.read_array(chunk, Protocol.FIELD_TOKEN_IDS):
+		token_ids.append(int(token_id))
+	token_count = token_ids.size()
+	logprobs.add(Protocol.read_array(chunk, Protocol.FIELD_LOGPROBS))
+	var chunk_final := Protocol.read_dict(chunk, Protocol.FIELD_FINAL)
 	if not chunk_final.is_empty():
 		final_message = chunk_final
 	if not chunk_text.is_empty():
 		token.emit(chunk_text)
+	return chunk_text
 
 
 ## Called by XlmSidecarClient when the call ends well (`response` is empty for streams).
 func complete(response: Dictionary) -> void:
 	if done:
 		return
+	for each: Variant in candidates:
+		each.complete({})
 	result = response
+	if method == Protocol.METHOD_DETOKENIZE:
+		text = Protocol.read_string(response, Protocol.FIELD_TEXT)
 	done = true
 	finished.emit()
 
@@ -136,6 +204,8 @@ func complete(response: Dictionary) -> void:
 func fail(code: String, message: String) -> void:
 	if done:
 		return
+	for each: Variant in candidates:
+		each.fail(code, message)
 	error_code = code
 	error_message = message
 	done = true

@@ -29,6 +29,9 @@ const METHOD_ASK_IMAGE := "AskImage"
 const METHOD_SET_BUDGET := "SetBudget"
 const METHOD_GET_STATUS := "GetStatus"
 const METHOD_END_SESSION := "EndSession"
+const METHOD_EMBED := "Embed"
+const METHOD_TOKENIZE := "Tokenize"
+const METHOD_DETOKENIZE := "Detokenize"
 
 # Request fields.
 const FIELD_MESSAGES := "messages"
@@ -56,6 +59,16 @@ const FIELD_TOOLS := "tools"
 const FIELD_DESCRIPTION := "description"
 const FIELD_PARAMETERS_JSON_SCHEMA := "parametersJsonSchema"
 const FIELD_TOOL_CHOICE := "toolChoice"
+const FIELD_LOGIT_BIAS := "logitBias"
+## Asked for in a request, and the log probabilities of a chunk's tokens in a reply.
+const FIELD_LOGPROBS := "logprobs"
+const FIELD_N := "n"
+const FIELD_GRAMMAR := "grammar"
+const FIELD_INPUT := "input"
+const FIELD_ADD_SPECIAL := "addSpecial"
+const FIELD_PARSE_SPECIAL := "parseSpecial"
+## A Tokenize reply's ids, and a Detokenize request's.
+const FIELD_TOKENS := "tokens"
 
 # Reply fields the addon reads.
 const FIELD_TEXT := "text"
@@ -86,6 +99,13 @@ const FIELD_PAUSE_MS := "pauseMs"
 const FIELD_TOKENS_FREED := "tokensFreed"
 const FIELD_TOOL_CALL := "toolCall"
 const FIELD_ARGUMENTS_JSON := "argumentsJson"
+const FIELD_INDEX := "index"
+const FIELD_TOKEN_ID := "tokenId"
+const FIELD_PIECE := "piece"
+const FIELD_LOGPROB := "logprob"
+const FIELD_TOP := "top"
+const FIELD_EMBEDDINGS := "embeddings"
+const FIELD_VALUES := "values"
 
 # Enum values, by name as the JSON mapping writes them.
 const ROLE_SYSTEM := "system"
@@ -166,7 +186,46 @@ static func generate_request(
 		request[FIELD_TOOLS] = tools
 	if not options.tool_choice.is_empty():
 		request[FIELD_TOOL_CHOICE] = options.tool_choice
+	if options.logprobs >= 0:
+		request[FIELD_LOGPROBS] = options.logprobs
+	if not options.grammar.is_empty():
+		request[FIELD_GRAMMAR] = options.grammar
 	return request
+
+
+## A Generate request for `n` candidate replies to one line; candidates are one-offs, so it has
+## no session.
+static func candidates_request(
+	text: String, system_prompt: String, n: int, options: AskOptions, world_context: String = ""
+) -> Dictionary:
+	var request := generate_request(text, system_prompt, "", options, world_context)
+	request[FIELD_N] = n
+	return request
+
+
+static func embed_request(texts: PackedStringArray) -> Dictionary:
+	return {FIELD_INPUT: Array(texts)}
+
+
+static func tokenize_request(text: String, add_special: bool, parse_special: bool) -> Dictionary:
+	var request := {FIELD_TEXT: text}
+	if add_special:
+		request[FIELD_ADD_SPECIAL] = true
+	if parse_special:
+		request[FIELD_PARSE_SPECIAL] = true
+	return request
+
+
+static func detokenize_request(tokens: PackedInt32Array) -> Dictionary:
+	return {FIELD_TOKENS: Array(tokens)}
+
+
+## A logit bias as the JSON mapping writes a map<int32, float>: the token ids as text keys.
+static func logit_bias_map(biases: Dictionary) -> Dictionary:
+	var written := {}
+	for token_id: Variant in biases:
+		written[str(int(token_id))] = float(biases[token_id])
+	return written
 
 
 ## A tool as xlm.v1.Tool: its parameters schema goes as text (JSON.stringify: keys sorted, no
@@ -230,6 +289,8 @@ static func _add_common(request: Dictionary, session_id: String, options: AskOpt
 	if options.sampling_seed >= 0:
 		# uint64: the JSON mapping carries 64-bit integers as strings.
 		sampling[FIELD_SEED] = str(options.sampling_seed)
+	if not options.logit_bias.is_empty():
+		sampling[FIELD_LOGIT_BIAS] = logit_bias_map(options.logit_bias)
 	if not sampling.is_empty():
 		request[FIELD_SAMPLING] = sampling
 	if not options.stop.is_empty():
@@ -269,6 +330,11 @@ static func read_string(message: Dictionary, field: String) -> String:
 	if value is String:
 		return value
 	return ""
+
+
+## A bytes field: base64 in the JSON mapping.
+static func read_bytes(message: Dictionary, field: String) -> PackedByteArray:
+	return Marshalls.base64_to_raw(read_string(message, field))
 
 
 static func read_bool(message: Dictionary, field: String) -> bool:

@@ -1,9 +1,9 @@
 class_name XlmSidecarClient
 extends Node
 ## Talks to an xlm-sidecar daemon over its WebSocket bridge: NPC replies streamed token by token,
-## one session per NPC, JSON-schema replies, questions about screenshots, the VRAM budget, and
-## launching and stopping the daemon. Enabling the plugin registers it as the `XlmSidecar`
-## autoload; it also works as a plain node.
+## one session per NPC, JSON-schema, grammar and candidate replies, questions about
+## screenshots, embeddings and tokens, the VRAM budget, and launching and stopping the daemon.
+## Enabling the plugin registers it as the `XlmSidecar` autoload; it also works as a plain node.
 ##
 ## Every ask returns an XlmCall at once. Calls made while the connection is still being set up
 ## wait and go out once it is ready; the node's _process drives the socket, so it must run.
@@ -254,6 +254,51 @@ func send_tool_result(call: Call, result: Variant, options: AskOptions = null) -
 	return ask(text, call.session_id, options)
 
 
+## Asks for `n` candidate replies (1 to 16) to one line, computed side by side from one prefill:
+## lines for the player to choose from, or barks to pick among. The call's `candidates` holds one
+## XlmCall per candidate, each with its own `token` signal, text and final_message; the call's own
+## `finished` fires once every candidate has ended. Candidates are one-offs (no session): send the
+## chosen line in the NPC's session afterwards. With a sampling_seed, candidate i uses seed + i.
+func ask_candidates(text: String, n: int, options: AskOptions = null) -> Call:
+	var opts := _options(options)
+	var request := Protocol.candidates_request(
+		text, opts.system_prompt, n, opts, opts.world_context
+	)
+	var call := _start_call(Protocol.METHOD_GENERATE, "", request, opts.timeout_ms)
+	call.expect_candidates(maxi(n, 1))
+	return call
+
+
+## Embeddings of short texts (1 to 256, each at most 512 tokens) from the served model:
+## call.embeddings() once finished, one unit vector per text (an NPC's memory: recall what the
+## player said by similarity()).
+func embed(texts: PackedStringArray) -> Call:
+	return _start_call(Protocol.METHOD_EMBED, "", Protocol.embed_request(texts), 0)
+
+
+## The served model's token ids for `text` (call.tokens() once finished): count a line before
+## sending it, or find the ids XlmAskOptions.logit_bias takes. add_special adds the model's
+## beginning-of-text token where it wants one; parse_special reads control-token text
+## (<|im_end|>) as those tokens.
+func tokenize(text: String, add_special: bool = false, parse_special: bool = false) -> Call:
+	var request := Protocol.tokenize_request(text, add_special, parse_special)
+	return _start_call(Protocol.METHOD_TOKENIZE, "", request, 0)
+
+
+## The text of the served model's tokens (call.text once finished).
+func detokenize(tokens: PackedInt32Array) -> Call:
+	return _start_call(Protocol.METHOD_DETOKENIZE, "", Protocol.detokenize_request(tokens), 0)
+
+
+## How alike two of embed()'s vectors are: their dot product, which is the cosine for unit
+## vectors (1: the same meaning; near 0: unrelated).
+static func similarity(a: PackedFloat32Array, b: PackedFloat32Array) -> float:
+	var dot := 0.0
+	for i in mini(a.size(), b.size()):
+		dot += a[i] * b[i]
+	return dot
+
+
 ## Asks about an image (any format; sent as top-down RGBA8, scaled to max_image_side).
 ## FAILED_PRECONDITION when the daemon has no vision projector (see `vision_available`).
 func ask_about_image(
@@ -494,9 +539,7 @@ func _on_authenticated() -> void:
 
 
 func _on_chunk(call: Call, chunk: Dictionary) -> void:
-	var text := Protocol.read_string(chunk, Protocol.FIELD_TEXT)
-	var tokens := Protocol.read_array(chunk, Protocol.FIELD_TOKEN_IDS).size()
-	call.receive_chunk(text, tokens, Protocol.read_dict(chunk, Protocol.FIELD_FINAL))
+	var text := call.receive_chunk(chunk)
 	if not text.is_empty():
 		token_received.emit(call.id, text)
 

@@ -40,6 +40,9 @@ namespace Xlm.Sidecar
         public SamplingParams Sampling { get; set; }
         public uint MaxTokens { get; set; }
         public List<string> Stop { get; set; }
+        /// <summary>Ask for each reply token's log probability with this many alternatives (0 to 20;
+        /// GenerationResult.Logprobs); null: none.</summary>
+        public uint? Logprobs { get; set; }
         public bool IsReplying { get { return Volatile.Read(ref replying) != 0; } }
 
         /// <summary>The player says `line`; `onText` gets the reply piece by piece (on the client's
@@ -48,7 +51,18 @@ namespace Xlm.Sidecar
         public Task<GenerationResult> SayAsync(string line, Action<string> onText = null,
             CancellationToken cancellationToken = default(CancellationToken))
         {
-            return TurnAsync(ChatMessage.User(line), null, null, null, onText, cancellationToken);
+            return TurnAsync(ChatMessage.User(line), null, null, null, null, onText, cancellationToken);
+        }
+
+        /// <summary>The player says `line` and the NPC answers within a GBNF `grammar` (llama.cpp's
+        /// format, with a `root` rule): a fixed answer shape, e.g. <c>root ::= "Aye" | "Nay"</c>, or a
+        /// line of a given form. INVALID_ARGUMENT for a grammar llama.cpp cannot parse.</summary>
+        public Task<GenerationResult> SayInGrammarAsync(string line, string grammar, Action<string> onText = null,
+            CancellationToken cancellationToken = default(CancellationToken))
+        {
+            if (string.IsNullOrEmpty(grammar))
+                throw new ArgumentException("a GBNF grammar is needed", "grammar");
+            return TurnAsync(ChatMessage.User(line), null, grammar, null, null, onText, cancellationToken);
         }
 
         /// <summary>A structured action: the reply is JSON that validates against `jsonSchema`, parsed.
@@ -58,7 +72,7 @@ namespace Xlm.Sidecar
         {
             if (string.IsNullOrEmpty(jsonSchema))
                 throw new ArgumentException("a JSON schema is needed for a structured action", "jsonSchema");
-            var result = await TurnAsync(ChatMessage.User(situation), jsonSchema, null, null, null, cancellationToken).ConfigureAwait(false);
+            var result = await TurnAsync(ChatMessage.User(situation), jsonSchema, null, null, null, null, cancellationToken).ConfigureAwait(false);
             object value;
             try
             {
@@ -82,7 +96,7 @@ namespace Xlm.Sidecar
         {
             if (tools == null || tools.Count == 0)
                 throw new ArgumentException("declare at least one tool the NPC may call", "tools");
-            return TurnAsync(ChatMessage.User(situation), null, tools, choice, null, cancellationToken);
+            return TurnAsync(ChatMessage.User(situation), null, null, tools, choice, null, cancellationToken);
         }
 
         /// <summary>The game did what `call` asked: `result` (JSON or words) goes back to the NPC as
@@ -93,7 +107,7 @@ namespace Xlm.Sidecar
         {
             if (call == null)
                 throw new ArgumentNullException("call");
-            return TurnAsync(call.ResultMessage(result), null, tools, choice, onText, cancellationToken);
+            return TurnAsync(call.ResultMessage(result), null, null, tools, choice, onText, cancellationToken);
         }
 
         /// <summary>Forget the conversation: the next turn starts over with the system prompt.</summary>
@@ -122,8 +136,8 @@ namespace Xlm.Sidecar
             }
         }
 
-        async Task<GenerationResult> TurnAsync(ChatMessage line, string jsonSchema, List<ToolDefinition> tools, ToolChoice choice,
-            Action<string> onText, CancellationToken ct)
+        async Task<GenerationResult> TurnAsync(ChatMessage line, string jsonSchema, string grammar, List<ToolDefinition> tools,
+            ToolChoice choice, Action<string> onText, CancellationToken ct)
         {
             if (line.Content == null)
                 throw new ArgumentNullException("line");
@@ -148,6 +162,8 @@ namespace Xlm.Sidecar
                     Context = fresh ? Context : null,
                     Tools = tools,
                     ToolChoice = choice,
+                    Grammar = grammar,
+                    Logprobs = Logprobs,
                 };
                 Action<GenerateChunk> onChunk = null;
                 if (onText != null)

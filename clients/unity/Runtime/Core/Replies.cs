@@ -142,8 +142,12 @@ namespace Xlm.Sidecar
         /// <summary>New text since the previous chunk; always whole UTF-8 characters.</summary>
         public string Text;
         public int[] TokenIds;
-        /// <summary>Present on the last chunk only.</summary>
+        /// <summary>Present on the last chunk only (of each candidate, for CandidatesAsync).</summary>
         public GenerationFinal Final;
+        /// <summary>With GenerateRequest.Logprobs: one per token of TokenIds, in order; else empty.</summary>
+        public TokenLogprob[] Logprobs;
+        /// <summary>Which candidate this chunk belongs to (CandidatesAsync); 0 otherwise.</summary>
+        public int Index;
 
         internal static GenerateChunk FromJson(JsonObject json)
         {
@@ -156,6 +160,8 @@ namespace Xlm.Sidecar
                 Text = json.GetString("text"),
                 TokenIds = tokenIds,
                 Final = GenerationFinal.FromJson(json.GetObject("final")),
+                Logprobs = TokenLogprob.ListFromJson(json.GetArray("logprobs")),
+                Index = json.GetInt32("index"),
             };
         }
     }
@@ -168,10 +174,43 @@ namespace Xlm.Sidecar
         public GenerationFinal Final;
         public int Chunks;
         public int Tokens;
+        /// <summary>The reply's tokens, in order (TokenizeAsync's ids: ban or favour them next time).</summary>
+        public List<int> TokenIds = new List<int>();
+        /// <summary>With GenerateRequest.Logprobs: each token's log probability and alternatives, one
+        /// per entry of TokenIds; empty otherwise.</summary>
+        public List<TokenLogprob> Logprobs = new List<TokenLogprob>();
 
         public FinishReason FinishReason { get { return Final != null ? Final.FinishReason : FinishReason.Unspecified; } }
         public Usage Usage { get { return Final != null ? Final.Usage : null; } }
         /// <summary>The tool the reply called (requests with Tools); null when it called none.</summary>
         public ToolCall ToolCall { get { return Final != null ? Final.ToolCall : null; } }
+
+        /// <summary>Sum of the tokens' log probabilities (with Logprobs asked for): how likely the model
+        /// found this reply; compare candidates by it divided by their token counts.</summary>
+        public double TotalLogprob { get { return TokenLogprob.Sum(Logprobs); } }
+    }
+
+    /// <summary>Builds a GenerationResult from its chunks (one per candidate with CandidatesAsync).</summary>
+    sealed class ReplyBuilder
+    {
+        readonly System.Text.StringBuilder text = new System.Text.StringBuilder();
+        public readonly GenerationResult Result = new GenerationResult();
+
+        public void Add(GenerateChunk chunk)
+        {
+            text.Append(chunk.Text);
+            Result.Chunks++;
+            Result.Tokens += chunk.TokenIds.Length;
+            Result.TokenIds.AddRange(chunk.TokenIds);
+            Result.Logprobs.AddRange(chunk.Logprobs);
+            if (chunk.Final != null)
+                Result.Final = chunk.Final;
+        }
+
+        public GenerationResult Finish()
+        {
+            Result.Text = text.ToString();
+            return Result;
+        }
     }
 }

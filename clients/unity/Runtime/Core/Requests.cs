@@ -40,6 +40,24 @@ namespace Xlm.Sidecar
         public int? RepeatLastN;
         /// <summary>Fixed seed for reproducible sampling; null is a random seed per request.</summary>
         public ulong? Seed;
+        /// <summary>Added to a token's logit before sampling: token id (TokenizeAsync finds them) to a
+        /// bias from -100 to 100. At -100 the token is banned; +5 makes it much likelier. At most 1024.</summary>
+        public Dictionary<int, float> LogitBias;
+
+        /// <summary>Never sample `tokenId` (a bias of -100).</summary>
+        public SamplingParams Ban(int tokenId)
+        {
+            return Bias(tokenId, -100f);
+        }
+
+        /// <summary>Add `bias` (-100 to 100) to `tokenId`'s logit.</summary>
+        public SamplingParams Bias(int tokenId, float bias)
+        {
+            if (LogitBias == null)
+                LogitBias = new Dictionary<int, float>();
+            LogitBias[tokenId] = bias;
+            return this;
+        }
 
         internal JsonObject ToJson()
         {
@@ -51,6 +69,14 @@ namespace Xlm.Sidecar
             if (RepeatPenalty.HasValue) json["repeatPenalty"] = (double)RepeatPenalty.Value;
             if (RepeatLastN.HasValue) json["repeatLastN"] = RepeatLastN.Value;
             if (Seed.HasValue) json["seed"] = Seed.Value.ToString(System.Globalization.CultureInfo.InvariantCulture);
+            if (LogitBias != null && LogitBias.Count > 0)
+            {
+                // A map in the JSON mapping: an object whose keys are the token ids as text.
+                var biases = new JsonObject();
+                foreach (var entry in LogitBias)
+                    biases[entry.Key.ToString(System.Globalization.CultureInfo.InvariantCulture)] = (double)entry.Value;
+                json["logitBias"] = biases;
+            }
             return json;
         }
     }
@@ -82,6 +108,12 @@ namespace Xlm.Sidecar
         public List<ToolDefinition> Tools;
         /// <summary>With Tools: Required (the daemon's default), Auto, None or Function(name).</summary>
         public ToolChoice ToolChoice;
+        /// <summary>Return each generated token's log probability (GenerationResult.Logprobs) with this
+        /// many of the likeliest alternatives at its position (0 to 20). Null: none.</summary>
+        public uint? Logprobs;
+        /// <summary>A GBNF grammar (llama.cpp's format, with a `root` rule) the reply is held to, e.g.
+        /// <c>root ::= "Aye" | "Nay"</c>. Not with JsonSchema or Tools.</summary>
+        public string Grammar;
 
         internal JsonObject ToJson()
         {
@@ -105,6 +137,8 @@ namespace Xlm.Sidecar
             if (!string.IsNullOrEmpty(Context)) json["context"] = Context;
             if (Tools != null && Tools.Count > 0) json["tools"] = ToolDefinition.ListToJson(Tools);
             if (ToolChoice != null) json["toolChoice"] = ToolChoice.Value;
+            if (Logprobs.HasValue) json["logprobs"] = Logprobs.Value;
+            if (!string.IsNullOrEmpty(Grammar)) json["grammar"] = Grammar;
             return json;
         }
 

@@ -1,6 +1,6 @@
 using System;
+using System.Collections.Generic;
 using System.Runtime.ExceptionServices;
-using System.Text;
 using System.Threading;
 using System.Threading.Tasks;
 
@@ -62,6 +62,94 @@ namespace Xlm.Sidecar
             return StreamReplyAsync("AskImage", request.ToJson(), onChunk, cancellationToken);
         }
 
+        /// <summary>`n` candidate replies (1 to 16) to one prompt, computed side by side from one prefill
+        /// of it: lines for the player to choose from, or barks to pick among. One result per candidate,
+        /// in order, each with its own Final; `onChunk` gets every candidate's chunks as they stream
+        /// (GenerateChunk.Index says whose). Candidates are one-offs: the request may not have a
+        /// SessionId (INVALID_ARGUMENT); send the chosen line in the session's next turn. With a fixed
+        /// Seed, candidate i samples with Seed + i, so they differ.</summary>
+        public Task<List<GenerationResult>> CandidatesAsync(GenerateRequest request, int n, Action<GenerateChunk> onChunk = null,
+            CancellationToken cancellationToken = default(CancellationToken))
+        {
+            if (request == null)
+                throw new ArgumentNullException("request");
+            if (n < 1)
+                throw new ArgumentOutOfRangeException("n", n, "ask for at least one candidate");
+            var json = request.ToJson();
+            json["n"] = (uint)n;
+            return StreamRepliesAsync("Generate", json, n, onChunk, cancellationToken);
+        }
+
+        /// <summary>Embeddings of short texts (1 to 256, each at most 512 tokens) from the served model,
+        /// one per text in order: an NPC's memory, recalling what the player said by similarity. Unit
+        /// vectors of one length, so Similarity (a dot product) is their cosine.</summary>
+        public async Task<float[][]> EmbedAsync(IList<string> texts, CancellationToken cancellationToken = default(CancellationToken))
+        {
+            if (texts == null)
+                throw new ArgumentNullException("texts");
+            var input = new List<object>();
+            foreach (var text in texts)
+            {
+                if (text == null)
+                    throw new ArgumentException("a text to embed is null", "texts");
+                input.Add(text);
+            }
+            var json = await transport.CallAsync("Embed", new JsonObject { { "input", input } }, cancellationToken).ConfigureAwait(false);
+            var embeddings = json.GetArray("embeddings");
+            var vectors = new float[embeddings.Count][];
+            for (var i = 0; i < embeddings.Count; i++)
+            {
+                var values = (embeddings[i] as JsonObject ?? new JsonObject()).GetArray("values");
+                vectors[i] = new float[values.Count];
+                for (var j = 0; j < values.Count; j++)
+                    vectors[i][j] = values[j] is double ? (float)(double)values[j] : float.NaN;
+            }
+            return vectors;
+        }
+
+        /// <summary>The cosine similarity of two of EmbedAsync's vectors (their dot product): 1 for the
+        /// same meaning, near 0 for unrelated texts.</summary>
+        public static float Similarity(float[] a, float[] b)
+        {
+            if (a == null || b == null || a.Length != b.Length)
+                throw new ArgumentException("compare two embeddings of one length");
+            var dot = 0.0;
+            for (var i = 0; i < a.Length; i++)
+                dot += (double)a[i] * b[i];
+            return (float)dot;
+        }
+
+        /// <summary>The served model's tokens for `text`: count them before sending, or find the ids a
+        /// SamplingParams.LogitBias needs. `addSpecial` adds the model's beginning-of-text token where it
+        /// wants one; `parseSpecial` reads control-token text (&lt;|im_end|&gt;) as those tokens.</summary>
+        public async Task<int[]> TokenizeAsync(string text, bool addSpecial = false, bool parseSpecial = false,
+            CancellationToken cancellationToken = default(CancellationToken))
+        {
+            if (text == null)
+                throw new ArgumentNullException("text");
+            var request = new JsonObject { { "text", text } };
+            if (addSpecial) request["addSpecial"] = true;
+            if (parseSpecial) request["parseSpecial"] = true;
+            var json = await transport.CallAsync("Tokenize", request, cancellationToken).ConfigureAwait(false);
+            var tokens = json.GetArray("tokens");
+            var ids = new int[tokens.Count];
+            for (var i = 0; i < tokens.Count; i++)
+                ids[i] = tokens[i] is double ? (int)(double)tokens[i] : 0;
+            return ids;
+        }
+
+        /// <summary>The text of the served model's tokens. INVALID_ARGUMENT for an id outside its vocabulary.</summary>
+        public async Task<string> DetokenizeAsync(IList<int> tokens, CancellationToken cancellationToken = default(CancellationToken))
+        {
+            if (tokens == null)
+                throw new ArgumentNullException("tokens");
+            var ids = new List<object>();
+            foreach (var token in tokens)
+                ids.Add(token);
+            var json = await transport.CallAsync("Detokenize", new JsonObject { { "tokens", ids } }, cancellationToken).ConfigureAwait(false);
+            return json.GetString("text");
+        }
+
         /// <summary>Tell the daemon what VRAM and CPU threads the game can spare; returns once in force.</summary>
         public async Task<SetBudgetResponse> SetBudgetAsync(SetBudgetRequest request,
             CancellationToken cancellationToken = default(CancellationToken))
@@ -107,8 +195,17 @@ namespace Xlm.Sidecar
 
         async Task<GenerationResult> StreamReplyAsync(string method, JsonObject request, Action<GenerateChunk> onChunk, CancellationToken ct)
         {
-            var result = new GenerationResult();
-            var text = new StringBuilder();
+            var replies = await StreamRepliesAsync(method, request, 1, onChunk, ct).ConfigureAwait(false);
+            return replies[0];
+        }
+
+        /// <summary>A stream of `count` replies, each chunk routed by its index.</summary>
+        async Task<List<GenerationResult>> StreamRepliesAsync(string method, JsonObject request, int count, Action<GenerateChunk> onChunk,
+            CancellationToken ct)
+        {
+            var replies = new ReplyBuilder[count];
+            for (var i = 0; i < count; i++)
+                replies[i] = new ReplyBuilder();
             var failure = new CallbackFailure();
             using (var call = CancellationTokenSource.CreateLinkedTokenSource(ct))
             {
@@ -116,18 +213,25 @@ namespace Xlm.Sidecar
                 Action<JsonObject> onMessage = json =>
                 {
                     var chunk = GenerateChunk.FromJson(json);
-                    text.Append(chunk.Text);
-                    result.Chunks++;
-                    result.Tokens += chunk.TokenIds.Length;
-                    if (chunk.Final != null)
-                        result.Final = chunk.Final;
+                    if (chunk.Index < 0 || chunk.Index >= count)
+                    {
+                        failure.Run(() =>
+                        {
+                            throw new SidecarException(SidecarStatusCode.Internal, method,
+                                "the daemon sent a chunk of candidate " + chunk.Index + " of " + count);
+                        }, call);
+                        return;
+                    }
+                    replies[chunk.Index].Add(chunk);
                     if (onChunk != null)
                         dispatcher.Post(() => failure.Run(() => onChunk(chunk), call));
                 };
                 await RunStreamAsync(method, request, onMessage, call.Token, ct, failure).ConfigureAwait(false);
             }
-            result.Text = text.ToString();
-            return result;
+            var results = new List<GenerationResult>(count);
+            foreach (var reply in replies)
+                results.Add(reply.Finish());
+            return results;
         }
 
         async Task RunStreamAsync(string method, JsonObject request, Action<JsonObject> onMessage, CancellationToken token,

@@ -298,7 +298,7 @@ namespace Xlm.Sidecar.Grpc
                     var length = checked((int)ReadVarint(data, ref pos, end));
                     var entry = ReadMessage(field.TypeName, data, pos, Bounded(pos, length, end), depth + 1);
                     pos += length;
-                    ((JsonObject)json[field.JsonName])[entry.GetString("key")] = entry["value"];
+                    ((JsonObject)json[field.JsonName])[MapKey(entry["key"])] = entry["value"];
                 }
                 else if (field.Repeated)
                 {
@@ -361,6 +361,16 @@ namespace Xlm.Sidecar.Grpc
                     pos = stop;
                     return value;
             }
+        }
+
+        /// <summary>A map key as the JSON mapping writes it: text, integers in decimal (token ids).</summary>
+        static string MapKey(object key)
+        {
+            if (key is double)
+                return ((long)(double)key).ToString(CultureInfo.InvariantCulture);
+            if (key is bool)
+                return (bool)key ? "true" : "false";
+            return (string)key;
         }
 
         static object DefaultOf(ProtoField field)

@@ -29,6 +29,13 @@ namespace Xlm.Sidecar.Grpc
                     new ProtoField(7, "seed", ProtoType.UInt64, null, presence: true),
                     new ProtoField(60, "frequencyPenalty", ProtoType.Float, null, presence: true),
                     new ProtoField(61, "presencePenalty", ProtoType.Float, null, presence: true),
+                    new ProtoField(62, "logitBias", ProtoType.Message, "xlm.v1.SamplingParams.LogitBiasEntry", map: true),
+                }
+            },
+            { "xlm.v1.SamplingParams.LogitBiasEntry", new ProtoField[]
+                {
+                    new ProtoField(1, "key", ProtoType.Int32, null),
+                    new ProtoField(2, "value", ProtoType.Float, null),
                 }
             },
             { "xlm.v1.GenerateRequest", new ProtoField[]
@@ -45,6 +52,10 @@ namespace Xlm.Sidecar.Grpc
                     new ProtoField(50, "context", ProtoType.String, null),
                     new ProtoField(60, "tools", ProtoType.Message, "xlm.v1.Tool", repeated: true),
                     new ProtoField(61, "toolChoice", ProtoType.String, null),
+                    new ProtoField(62, "logprobs", ProtoType.UInt32, null, presence: true),
+                    new ProtoField(63, "n", ProtoType.UInt32, null),
+                    new ProtoField(64, "grammar", ProtoType.String, null),
+                    new ProtoField(65, "parallelToolCalls", ProtoType.Bool, null),
                 }
             },
             { "xlm.v1.Tool", new ProtoField[]
@@ -97,6 +108,7 @@ namespace Xlm.Sidecar.Grpc
                     new ProtoField(30, "historyTurnsDropped", ProtoType.UInt32, null),
                     new ProtoField(31, "historyTokensKept", ProtoType.UInt32, null),
                     new ProtoField(60, "toolCall", ProtoType.Message, "xlm.v1.ToolCall"),
+                    new ProtoField(61, "toolCalls", ProtoType.Message, "xlm.v1.ToolCall", repeated: true),
                 }
             },
             { "xlm.v1.GenerateChunk", new ProtoField[]
@@ -104,6 +116,61 @@ namespace Xlm.Sidecar.Grpc
                     new ProtoField(1, "text", ProtoType.String, null),
                     new ProtoField(2, "tokenIds", ProtoType.Int32, null, repeated: true),
                     new ProtoField(3, "final", ProtoType.Message, "xlm.v1.GenerationFinal"),
+                    new ProtoField(4, "logprobs", ProtoType.Message, "xlm.v1.TokenLogprob", repeated: true),
+                    new ProtoField(5, "index", ProtoType.UInt32, null),
+                }
+            },
+            { "xlm.v1.TokenLogprob", new ProtoField[]
+                {
+                    new ProtoField(1, "tokenId", ProtoType.Int32, null),
+                    new ProtoField(2, "piece", ProtoType.Bytes, null),
+                    new ProtoField(3, "logprob", ProtoType.Float, null),
+                    new ProtoField(4, "top", ProtoType.Message, "xlm.v1.TokenAlternative", repeated: true),
+                }
+            },
+            { "xlm.v1.TokenAlternative", new ProtoField[]
+                {
+                    new ProtoField(1, "tokenId", ProtoType.Int32, null),
+                    new ProtoField(2, "piece", ProtoType.Bytes, null),
+                    new ProtoField(3, "logprob", ProtoType.Float, null),
+                }
+            },
+            { "xlm.v1.EmbedRequest", new ProtoField[]
+                {
+                    new ProtoField(1, "input", ProtoType.String, null, repeated: true),
+                }
+            },
+            { "xlm.v1.Embedding", new ProtoField[]
+                {
+                    new ProtoField(1, "values", ProtoType.Float, null, repeated: true),
+                }
+            },
+            { "xlm.v1.EmbedResponse", new ProtoField[]
+                {
+                    new ProtoField(1, "embeddings", ProtoType.Message, "xlm.v1.Embedding", repeated: true),
+                    new ProtoField(2, "promptTokens", ProtoType.UInt32, null),
+                }
+            },
+            { "xlm.v1.TokenizeRequest", new ProtoField[]
+                {
+                    new ProtoField(1, "text", ProtoType.String, null),
+                    new ProtoField(2, "addSpecial", ProtoType.Bool, null),
+                    new ProtoField(3, "parseSpecial", ProtoType.Bool, null),
+                }
+            },
+            { "xlm.v1.TokenizeResponse", new ProtoField[]
+                {
+                    new ProtoField(1, "tokens", ProtoType.Int32, null, repeated: true),
+                }
+            },
+            { "xlm.v1.DetokenizeRequest", new ProtoField[]
+                {
+                    new ProtoField(1, "tokens", ProtoType.Int32, null, repeated: true),
+                }
+            },
+            { "xlm.v1.DetokenizeResponse", new ProtoField[]
+                {
+                    new ProtoField(1, "text", ProtoType.String, null),
                 }
             },
             { "xlm.v1.RawImage", new ProtoField[]
@@ -354,6 +421,9 @@ namespace Xlm.Sidecar.Grpc
             { "WatchState", new ProtoMethod("/xlm.v1.Sidecar/WatchState", "xlm.v1.WatchStateRequest", "xlm.v1.StateEvent", true) },
             { "GetStatus", new ProtoMethod("/xlm.v1.Sidecar/GetStatus", "xlm.v1.GetStatusRequest", "xlm.v1.Status", false) },
             { "EndSession", new ProtoMethod("/xlm.v1.Sidecar/EndSession", "xlm.v1.EndSessionRequest", "xlm.v1.EndSessionResponse", false) },
+            { "Embed", new ProtoMethod("/xlm.v1.Sidecar/Embed", "xlm.v1.EmbedRequest", "xlm.v1.EmbedResponse", false) },
+            { "Tokenize", new ProtoMethod("/xlm.v1.Sidecar/Tokenize", "xlm.v1.TokenizeRequest", "xlm.v1.TokenizeResponse", false) },
+            { "Detokenize", new ProtoMethod("/xlm.v1.Sidecar/Detokenize", "xlm.v1.DetokenizeRequest", "xlm.v1.DetokenizeResponse", false) },
         };
     }
 }

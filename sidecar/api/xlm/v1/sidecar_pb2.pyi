@@ -133,7 +133,7 @@ class SamplingParams(_message.Message):
     def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., min_p: _Optional[float] = ..., repeat_penalty: _Optional[float] = ..., repeat_last_n: _Optional[int] = ..., seed: _Optional[int] = ..., frequency_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., logit_bias: _Optional[_Mapping[int, float]] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("messages", "prompt", "sampling", "max_tokens", "stop", "json_schema", "session_id", "reset_session", "request_id", "context", "tools", "tool_choice", "logprobs", "n", "grammar")
+    __slots__ = ("messages", "prompt", "sampling", "max_tokens", "stop", "json_schema", "session_id", "reset_session", "request_id", "context", "tools", "tool_choice", "logprobs", "n", "grammar", "parallel_tool_calls")
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
@@ -149,6 +149,7 @@ class GenerateRequest(_message.Message):
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     N_FIELD_NUMBER: _ClassVar[int]
     GRAMMAR_FIELD_NUMBER: _ClassVar[int]
+    PARALLEL_TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
     messages: ChatMessages
     prompt: str
     sampling: SamplingParams
@@ -164,7 +165,8 @@ class GenerateRequest(_message.Message):
     logprobs: int
     n: int
     grammar: str
-    def __init__(self, messages: _Optional[_Union[ChatMessages, _Mapping]] = ..., prompt: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., max_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., json_schema: _Optional[str] = ..., session_id: _Optional[str] = ..., reset_session: _Optional[bool] = ..., request_id: _Optional[str] = ..., context: _Optional[str] = ..., tools: _Optional[_Iterable[_Union[Tool, _Mapping]]] = ..., tool_choice: _Optional[str] = ..., logprobs: _Optional[int] = ..., n: _Optional[int] = ..., grammar: _Optional[str] = ...) -> None: ...
+    parallel_tool_calls: bool
+    def __init__(self, messages: _Optional[_Union[ChatMessages, _Mapping]] = ..., prompt: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., max_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., json_schema: _Optional[str] = ..., session_id: _Optional[str] = ..., reset_session: _Optional[bool] = ..., request_id: _Optional[str] = ..., context: _Optional[str] = ..., tools: _Optional[_Iterable[_Union[Tool, _Mapping]]] = ..., tool_choice: _Optional[str] = ..., logprobs: _Optional[int] = ..., n: _Optional[int] = ..., grammar: _Optional[str] = ..., parallel_tool_calls: _Optional[bool] = ...) -> None: ...
 
 class Tool(_message.Message):
     __slots__ = ("name", "description", "parameters_json_schema")
@@ -227,7 +229,7 @@ class ImageInfo(_message.Message):
     def __init__(self, original_width: _Optional[int] = ..., original_height: _Optional[int] = ..., encoded_width: _Optional[int] = ..., encoded_height: _Optional[int] = ..., downscaled: _Optional[bool] = ..., image_tokens: _Optional[int] = ..., encode_ms: _Optional[float] = ...) -> None: ...
 
 class GenerationFinal(_message.Message):
-    __slots__ = ("finish_reason", "usage", "timings", "session_id", "image", "history_turns_dropped", "history_tokens_kept", "tool_call")
+    __slots__ = ("finish_reason", "usage", "timings", "session_id", "image", "history_turns_dropped", "history_tokens_kept", "tool_call", "tool_calls")
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
     TIMINGS_FIELD_NUMBER: _ClassVar[int]
@@ -236,6 +238,7 @@ class GenerationFinal(_message.Message):
     HISTORY_TURNS_DROPPED_FIELD_NUMBER: _ClassVar[int]
     HISTORY_TOKENS_KEPT_FIELD_NUMBER: _ClassVar[int]
     TOOL_CALL_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
     finish_reason: FinishReason
     usage: Usage
     timings: Timings
@@ -244,7 +247,8 @@ class GenerationFinal(_message.Message):
     history_turns_dropped: int
     history_tokens_kept: int
     tool_call: ToolCall
-    def __init__(self, finish_reason: _Optional[_Union[FinishReason, str]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., session_id: _Optional[str] = ..., image: _Optional[_Union[ImageInfo, _Mapping]] = ..., history_turns_dropped: _Optional[int] = ..., history_tokens_kept: _Optional[int] = ..., tool_call: _Optional[_Union[ToolCall, _Mapping]] = ...) -> None: ...
+    tool_calls: _containers.RepeatedCompositeFieldContainer[ToolCall]
+    def __init__(self, finish_reason: _Optional[_Union[FinishReason, str]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., session_id: _Optional[str] = ..., image: _Optional[_Union[ImageInfo, _Mapping]] = ..., history_turns_dropped: _Optional[int] = ..., history_tokens_kept: _Optional[int] = ..., tool_call: _Optional[_Union[ToolCall, _Mapping]] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ...) -> None: ...
 
 class GenerateChunk(_message.Message):
     __slots__ = ("text", "token_ids", "final", "logprobs", "index")

@@ -12,6 +12,7 @@ namespace Xlm.Sidecar.Tests
             JsonTests.Register();
             ClientTests.Register();
             ToolTests.Register();
+            TokenControlTests.Register();
             LauncherTests.Register();
             return TestRunner.Run(args);
         }

@@ -1,0 +1,161 @@
+"""n candidates, logprobs, logit_bias, grammars, several prompts, embeddings and llama-server's
+/tokenize, /detokenize and /props over HTTP, reached with the official `openai` package (httpx
+where it cannot say the request), as a plugin moving from llama-server sends them. Mechanisms
+only: shapes, counts, what is banned stays out, never what the model says."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+
+import httpx
+import numpy as np
+import openai
+import pytest
+
+from conftest import RunningDaemon, start_daemon, stop_daemon
+from openai_http_support import http_base
+
+GREEDY = {"temperature": 0.0}
+PERSONA = ("You are Brann, the blacksmith of Oakvale. You speak in short, gruff sentences, you love your forge, "
+           "and you distrust the mages of the tower. You sell swords, axes and horseshoes. ") * 2
+ASK = [{"role": "system", "content": PERSONA}, {"role": "user", "content": "What do you sell?"}]
+
+
+@pytest.fixture(scope="module")
+def api() -> Iterator[RunningDaemon]:
+    running = start_daemon("--no-websocket", "--stream-interval-ms", "0", "--max-tokens-per-request", "64")
+    yield running
+    stop_daemon(running)
+
+
+@pytest.fixture(scope="module")
+def base(api: RunningDaemon) -> str:
+    return http_base(api)
+
+
+@pytest.fixture(scope="module")
+def client(api: RunningDaemon, base: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{base}/v1", api_key=api.token, max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def raw(api: RunningDaemon, base: str) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {api.token}"}, timeout=120) as c:
+        yield c
+
+
+def test_n_candidates_come_as_choices_from_one_prefill(client: openai.OpenAI, api: RunningDaemon) -> None:
+    with api.client(timeout_s=60) as grpc_client:
+        before = grpc_client.status().throughput.prompt_tokens_processed
+        reply = client.chat.completions.create(model="local-model", messages=ASK, n=4, max_tokens=10, temperature=1.0, seed=5)
+        computed = grpc_client.status().throughput.prompt_tokens_processed - before
+    assert [c.index for c in reply.choices] == [0, 1, 2, 3]
+    assert all(c.message.content is not None and c.finish_reason in ("stop", "length") for c in reply.choices)
+    # The prompt counts once, and is computed once (and the one token after the shared cut, each).
+    assert reply.usage.prompt_tokens > 50 and computed <= reply.usage.prompt_tokens + 4, computed
+
+
+def test_n_candidates_stream_interleaved_by_index(client: openai.OpenAI) -> None:
+    stream = client.chat.completions.create(model="x", messages=ASK, n=3, max_tokens=8, temperature=1.0, stream=True,
+                                            stream_options={"include_usage": True})
+    texts, finished, usage = {}, set(), None
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for c in chunk.choices:
+            texts[c.index] = texts.get(c.index, "") + (c.delta.content or "")
+            if c.finish_reason:
+                finished.add(c.index)
+    assert finished == {0, 1, 2} and set(texts) == {0, 1, 2}
+    assert usage is not None and usage.completion_tokens >= 3
+
+
+def test_n_above_16_is_a_clear_400(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError, match="n"):
+        client.chat.completions.create(model="x", messages=ASK, n=17)
+
+
+def test_chat_logprobs_match_the_tokens(client: openai.OpenAI) -> None:
+    reply = client.chat.completions.create(model="x", messages=ASK, max_tokens=8, logprobs=True, top_logprobs=3, **GREEDY)
+    content = reply.choices[0].logprobs.content
+    assert len(content) == reply.usage.completion_tokens
+    assert "".join(bytes(e.bytes).decode("utf-8", "replace") for e in content) == reply.choices[0].message.content
+    for e in content:
+        assert e.logprob <= 0 and len(e.top_logprobs) == 3
+        assert e.top_logprobs[0].logprob >= e.top_logprobs[-1].logprob
+        assert sum(math.exp(t.logprob) for t in e.top_logprobs) <= 1.0001
+    streamed = client.chat.completions.create(model="x", messages=ASK, max_tokens=8, logprobs=True, stream=True, **GREEDY)
+    entries = [e for chunk in streamed for c in chunk.choices if c.logprobs and c.logprobs.content for e in c.logprobs.content]
+    assert len(entries) == len(content)
+
+
+def test_completion_logprobs_in_the_legacy_shape(client: openai.OpenAI) -> None:
+    reply = client.completions.create(model="x", prompt="The blacksmith said", max_tokens=6, logprobs=2, **GREEDY)
+    lp = reply.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == reply.usage.completion_tokens
+    assert lp.text_offset == sorted(lp.text_offset) and all(len(t) <= 2 for t in lp.top_logprobs)
+
+
+def test_logit_bias_bans_a_token(client: openai.OpenAI, raw: httpx.Client) -> None:
+    first = client.chat.completions.create(model="x", messages=ASK, max_tokens=4, logprobs=True, **GREEDY)
+    token = bytes(first.choices[0].logprobs.content[0].bytes).decode()
+    ids = raw.post("/tokenize", json={"content": token, "parse_special": False}).json()["tokens"]
+    assert len(ids) == 1
+    banned = client.chat.completions.create(model="x", messages=ASK, max_tokens=4, logprobs=True,
+                                            logit_bias={str(ids[0]): -100}, **GREEDY)
+    assert bytes(banned.choices[0].logprobs.content[0].bytes).decode() != token
+    for bias in ({"not-a-token": 1}, {str(ids[0]): 500}, {"999999999": 1}):
+        with pytest.raises(openai.BadRequestError):
+            client.chat.completions.create(model="x", messages=ASK, max_tokens=2, logit_bias=bias)
+
+
+def test_a_gbnf_grammar_and_a_top_level_json_schema_are_honoured(client: openai.OpenAI, raw: httpx.Client) -> None:
+    reply = client.chat.completions.create(model="x", messages=ASK, max_tokens=6, extra_body={"grammar": 'root ::= "Aye" | "Nay"'},
+                                           **GREEDY)
+    assert reply.choices[0].message.content in ("Aye", "Nay")
+    schema = {"type": "object", "properties": {"mood": {"enum": ["calm", "angry"]}}, "required": ["mood"]}
+    reply = client.chat.completions.create(model="x", messages=ASK, max_tokens=24, extra_body={"json_schema": schema}, **GREEDY)
+    assert json.loads(reply.choices[0].message.content)["mood"] in ("calm", "angry")
+    text = client.completions.create(model="x", prompt="Yes or no?", max_tokens=4, extra_body={"grammar": 'root ::= "yes" | "no"'},
+                                     **GREEDY)
+    assert text.choices[0].text in ("yes", "no")
+    bad = raw.post("/v1/chat/completions", json={"messages": ASK, "grammar": 'root ::= "open'})
+    assert bad.status_code == 400 and "grammar" in bad.json()["error"]["message"]
+
+
+def test_several_prompts_and_token_id_prompts(client: openai.OpenAI, raw: httpx.Client) -> None:
+    reply = client.completions.create(model="x", prompt=["Once upon a time", "The dragon"], max_tokens=4, n=2, **GREEDY)
+    assert [c.index for c in reply.choices] == [0, 1, 2, 3]
+    ids = raw.post("/tokenize", json={"content": "Once upon a time"}).json()["tokens"]
+    by_ids = client.completions.create(model="x", prompt=ids, max_tokens=4, **GREEDY)
+    assert len(ids) <= by_ids.usage.prompt_tokens <= len(ids) + 1  # the model's BOS, where it wants one
+    both = client.completions.create(model="x", prompt=[ids, ids], max_tokens=2, **GREEDY)
+    assert len(both.choices) == 2
+
+
+def test_embeddings_as_the_openai_client_reads_them(client: openai.OpenAI) -> None:
+    lines = ["The player gave the smith a ring.", "A ring was given to the blacksmith.", "Rain over the harbour."]
+    reply = client.embeddings.create(model="text-embedding-3-small", input=lines)  # base64 on the wire, decoded
+    vectors = np.array([d.embedding for d in reply.data])
+    assert vectors.shape[0] == 3 and np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-4)
+    assert reply.usage.prompt_tokens > 0
+    floats = client.embeddings.create(model="x", input=lines[0], encoding_format="float")
+    assert np.allclose(floats.data[0].embedding, vectors[0], atol=1e-3)
+    with pytest.raises(openai.BadRequestError):
+        client.embeddings.create(model="x", input="x", dimensions=8)
+    with pytest.raises(openai.BadRequestError):
+        client.embeddings.create(model="x", input=[""])
+
+
+def test_tokenize_detokenize_and_props_as_llama_server_serves_them(raw: httpx.Client) -> None:
+    tokens = raw.post("/tokenize", json={"content": "Hello, traveller!"}).json()["tokens"]
+    assert raw.post("/detokenize", json={"tokens": tokens}).json()["content"] == "Hello, traveller!"
+    pieces = raw.post("/v1/tokenize", json={"content": "Hello", "with_pieces": True}).json()["tokens"]
+    assert pieces and {"id", "piece"} <= set(pieces[0])
+    props = raw.get("/props").json()
+    assert props["default_generation_settings"]["n_ctx"] > 0 and props["total_slots"] >= 1
+    assert props["max_tokens_per_request"] == 64
+    assert raw.post("/detokenize", json={"tokens": [10**9]}).status_code == 400
+    assert raw.post("/tokenize", json={"content": 5}).status_code == 400
