@@ -35,8 +35,9 @@ def options(group: argparse._ArgumentGroup) -> None:
 
 
 def _chat(http, base: str, headers: dict, n: int, tag: str) -> dict:
-    body = {"model": "npc", "messages": [{"role": "system", "content": PERSONA},
-                                         {"role": "user", "content": f"({tag}) What would you sell me?"}],
+    # The tag opens the prompt: no earlier request's prefix is cached, so the prompt is all new.
+    body = {"model": "npc", "messages": [{"role": "system", "content": f"Evening {tag}. {PERSONA}"},
+                                         {"role": "user", "content": "What would you sell me?"}],
             "max_tokens": REPLY_TOKENS, "temperature": 0.9, "n": n}
     r = http.post(f"{base}/v1/chat/completions", json=body, headers=headers, timeout=600)
     r.raise_for_status()

@@ -159,3 +159,9 @@ def test_tokenize_detokenize_and_props_as_llama_server_serves_them(raw: httpx.Cl
     assert props["max_tokens_per_request"] == 64
     assert raw.post("/detokenize", json={"tokens": [10**9]}).status_code == 400
     assert raw.post("/tokenize", json={"content": 5}).status_code == 400
+
+
+def test_the_responses_api_is_refused_by_name(raw: httpx.Client) -> None:
+    for path in ("/v1/responses", "/responses"):
+        r = raw.post(path, json={"model": "x", "input": "hi"})
+        assert r.status_code == 501 and "chat/completions" in r.json()["error"]["message"]

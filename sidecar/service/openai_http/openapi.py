@@ -12,6 +12,7 @@ import functools
 from pydantic.json_schema import models_json_schema
 
 from sidecar import __version__
+from sidecar.service.openai_http import model_routes as mr
 from sidecar.service.openai_http import request_models as rq
 from sidecar.service.openai_http import response_models as rs
 
@@ -70,6 +71,14 @@ def _generation(request: str, reply: str, summary: str) -> dict:
     }}
 
 
+def _call(request: str, reply: str, summary: str) -> dict:
+    return {"post": {
+        "summary": summary, "security": _SECURED,
+        "requestBody": {"required": True, "content": _json(request)},
+        "responses": {"200": {"description": "the answer", "content": _json(reply)}, **_errors(400, 401, 403, 413, 501, 503)},
+    }}
+
+
 def openapi_document(model_names: tuple[str, ...] | None, max_tokens: int) -> dict:
     """The document of this daemon: its model names (None: any name is served by its model) and
     its --max-tokens-per-request."""
@@ -97,7 +106,9 @@ def _document() -> dict:
         (rq.ChatCompletionRequest, "validation"), (rq.CompletionRequest, "validation"),
         (rs.ChatCompletion, "serialization"), (rs.TextCompletion, "serialization"), (rs.ModelList, "serialization"),
         (rs.Model, "serialization"), (rs.SessionDeleted, "serialization"), (rs.Health, "serialization"),
-        (rs.ErrorResponse, "serialization"),
+        (rs.ErrorResponse, "serialization"), (mr.EmbeddingRequest, "validation"), (mr.TokenizeRequest, "validation"),
+        (mr.DetokenizeRequest, "validation"), (rs.EmbeddingList, "serialization"), (rs.Tokens, "serialization"),
+        (rs.Text, "serialization"),
     ]
     _, schemas = models_json_schema(models, ref_template=_REF)
     return {
@@ -123,6 +134,9 @@ def _document() -> dict:
             }},
             "/v1/chat/completions": _generation("ChatCompletionRequest", "ChatCompletion", "chat completion"),
             "/v1/completions": _generation("CompletionRequest", "TextCompletion", "raw-prompt completion"),
+            "/v1/embeddings": _call("EmbeddingRequest", "EmbeddingList", "embeddings of short texts from the served model"),
+            "/tokenize": _call("TokenizeRequest", "Tokens", "the served model's tokens of a text (llama-server's)"),
+            "/detokenize": _call("DetokenizeRequest", "Text", "the text of tokens (llama-server's)"),
             "/v1/sessions/{session_id}": {"delete": {
                 "summary": "forget an NPC's session (EndSession)", "security": _SECURED,
                 "parameters": [{"name": "session_id", "in": "path", "required": True, "schema": {"type": "string"}}],

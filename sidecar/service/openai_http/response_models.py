@@ -44,11 +44,33 @@ class AssistantMessage(_Reply):
     tool_calls: list[ToolCallOut] | None = None
 
 
+class TopLogprob(_Reply):
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(_Reply):
+    content: list[TokenLogprob]
+    refusal: None
+
+
+class CompletionLogprobs(_Reply):
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]]
+    text_offset: list[int]
+
+
 class ChatChoice(_Reply):
     index: int
     message: AssistantMessage
     finish_reason: FinishReason
-    logprobs: None
+    logprobs: ChatLogprobs | None
 
 
 class ChatCompletion(_Reply):
@@ -65,7 +87,7 @@ class TextChoice(_Reply):
     index: int
     text: str
     finish_reason: FinishReason | None
-    logprobs: None
+    logprobs: CompletionLogprobs | None
 
 
 class TextCompletion(_Reply):
@@ -109,3 +131,29 @@ class ErrorDetail(_Reply):
 
 class ErrorResponse(_Reply):
     error: ErrorDetail
+
+
+class Embedding(_Reply):
+    object: Literal["embedding"]
+    index: int
+    embedding: list[float] | str  # str: base64 of little-endian float32s (encoding_format "base64")
+
+
+class EmbeddingUsage(_Reply):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingList(_Reply):
+    object: Literal["list"]
+    data: list[Embedding]
+    model: str
+    usage: EmbeddingUsage
+
+
+class Tokens(_Reply):
+    tokens: list[int] | list[dict[str, int | str]]
+
+
+class Text(_Reply):
+    content: str

@@ -93,6 +93,7 @@ class OpenAIApi:
             Route("/tokenize", self._guarded(self.tokenize), methods=["POST"]),
             Route("/detokenize", self._guarded(self.detokenize), methods=["POST"]),
             Route("/props", self._guarded(self.props), methods=["GET"]),
+            Route("/responses", self._guarded(self.responses), methods=["POST"]),
         ]
         routes = [
             Route("/health", self.health, methods=["GET"]),
@@ -279,6 +280,11 @@ class OpenAIApi:
 
     async def props(self, request: Request) -> Response:
         return JSONResponse(model_routes.props(self.core, self.model_id))
+
+    async def responses(self, request: Request) -> Response:
+        """Named, not a bare 404: a client trying the Responses API learns what to use instead."""
+        raise HttpRefusal(501, "the Responses API is not served here: use POST /v1/chat/completions (with "
+                          "X-Session-Id or `user` to keep an NPC's conversation)", "invalid_request_error", "not_implemented")
 
     async def _small_body(self, request: Request) -> bytes:
         """A body without images: the JSON limit, whatever the model."""
