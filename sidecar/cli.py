@@ -29,6 +29,8 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-vlmopt", dest="vlmopt", action="store_false", default=None,
                    help="keep the vision encoder loaded between images (default: load it per image, VLMOpt)")
     p.add_argument("--budget", help="VRAM the game grants: 512M, 3G, 3GiB, 2.5G, 0 = CPU only (default 0)")
+    p.add_argument("--ram-budget", help="host memory the daemon may hold (KV cache, prefix cache, weights, the "
+                   "process): 512M, 2G; it then serves fewer NPCs at once (default: no cap)")
     p.add_argument("--max-cpu-threads", type=int, help="most CPU threads per forward pass (the game needs cores too)")
     p.add_argument("--host", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="port to listen on (default 50551; 0 picks a free one)")
@@ -277,7 +279,11 @@ def _run_status(args: argparse.Namespace) -> int:
     print(f"xlm-sidecar {status.version}, up {status.uptime_s:.0f} s, listening on {', '.join(status.listen_addresses)}")
     print(f"model     {m.name} ({m.architecture}, {m.parameters / 1e6:.0f}M parameters, {format_size(m.file_bytes)})")
     print(f"budget    VRAM {format_size(status.budget.vram_bytes)}, CPU threads {status.budget.max_cpu_threads or 'no cap'}")
-    print(f"memory    resident {format_size(status.memory.host_resident_bytes)}, KV cache {format_size(status.memory.kv_cache_bytes)}")
+    m = status.memory
+    ram = f" of --ram-budget {format_size(m.ram_budget_bytes)}" if m.ram_budget_bytes else ""
+    print(f"memory    resident {format_size(m.host_resident_bytes)}{ram}; KV cache {format_size(m.kv_cache_bytes)} used of "
+          f"{format_size(m.kv_cache_held_bytes)} held ({m.kv_sequences} of at most {m.kv_sequences_max} sequences); "
+          f"prefix cache {format_size(m.prefix_cache_bytes)}; evicted sessions {format_size(m.saved_sessions_bytes)}")
     print(
         f"work      {t.requests_served} requests, {t.tokens_generated} tokens generated, "
         f"{t.decode_tokens_per_s:.1f} tokens/s decode, {t.prefill_tokens_per_s:.1f} tokens/s prefill"

@@ -15,9 +15,20 @@ from pathlib import Path
 
 import psutil
 
+from sidecar.errors import InvalidArgument
+
 AUTO_MAX = 16
 AUTO_MIN = 4
 KV_SHARE = 1 / 8
+# Sequences allocated at start without --parallel: 2 x 4096 cells is the KV llama-server's
+# defaults hold (4 slots sharing 8192 cells); more come as more NPCs talk at once (kv_demand.py).
+START_SEQUENCES = 2
+# Host memory the process holds besides the model's weights and its KV cache: Python with gRPC, the
+# HTTP server and numpy, and llama.cpp's compute buffers at --batch 512 (measured idle with SmolLM2
+# at 4 x 4096 cells: 568 MB resident, of which 377 MB KV and 98 MB weights).
+PROCESS_BYTES = 100 << 20
+# Of a RAM budget, the most the prefix cache may take.
+PREFIX_SHARE = 1 / 8
 
 
 def auto_parallel(sequence_kv_bytes: int, host_memory_bytes: int) -> int:
@@ -44,3 +55,29 @@ def parallel_for(parallel: int, model_path: Path, ctx: int) -> int:
     except (GgufReadError, OSError):
         return AUTO_MIN  # loading the model says what is wrong with it, with its exit code
     return auto_parallel(kv, psutil.virtual_memory().total)
+
+
+def sequences_within(ram_budget: int, model_bytes: int, sequence_kv_bytes: int, prefix_cache_bytes: int, ctx: int) -> int:
+    """Sequences whose KV fits in `ram_budget` beside the weights, the process and the prefix cache;
+    InvalidArgument, saying what the model needs, when not even one does."""
+    left = ram_budget - PROCESS_BYTES - model_bytes - prefix_cache_bytes
+    n = left // max(sequence_kv_bytes, 1)
+    if n < 1:
+        need = PROCESS_BYTES + model_bytes + prefix_cache_bytes + sequence_kv_bytes
+        raise InvalidArgument(
+            f"--ram-budget {ram_budget >> 20} MiB is below what this model needs: {need >> 20} MiB (weights "
+            f"{model_bytes >> 20}, one conversation's KV at --ctx {ctx} {sequence_kv_bytes >> 20}, prefix cache "
+            f"{prefix_cache_bytes >> 20}, the process {PROCESS_BYTES >> 20}); give more, or lower --ctx")
+    return int(n)
+
+
+def ram_ceiling(ram_budget: int, model_path: Path, ctx: int, prefix_cache_bytes: int) -> int:
+    """The most sequences a RAM budget holds for this model and context."""
+    from sidecar.model_info.gguf_reader import GgufReadError
+
+    try:
+        kv = _sequence_kv_bytes(Path(model_path), ctx)
+        size = Path(model_path).stat().st_size
+    except (GgufReadError, OSError):
+        return AUTO_MIN  # loading the model says what is wrong with it
+    return sequences_within(ram_budget, size, kv, prefix_cache_bytes, ctx)

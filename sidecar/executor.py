@@ -267,6 +267,7 @@ def cpu_engine_config(settings: Settings, budget: Budget) -> EngineConfig:
         model_path=settings.model or default_model_path(),
         n_ctx=settings.ctx,
         n_seq=settings.sequences(),
+        n_seq_start=settings.start_sequences(),
         n_batch=settings.batch,
         threads_decode=threads,
         threads_prefill=threads,
@@ -277,7 +278,7 @@ def cpu_engine_config(settings: Settings, budget: Budget) -> EngineConfig:
         max_tokens_per_request=settings.max_tokens_per_request,
         n_outputs_max=min(settings.sequences(), settings.batch),  # one logits row per sequence and pass
         adaptive_threads=settings.adaptive_threads,
-        prefix_cache_bytes=settings.prefix_cache_mb << 20,
+        prefix_cache_bytes=settings.prefix_cache_bytes,
     )
 
 

@@ -44,8 +44,10 @@ async def serve_local(settings: Settings, lifecycle: DaemonLifecycle, ready: asy
     """Serve the model in this process, through the llama.cpp engine, until the lifecycle says stop."""
     budget = settings.budget_value
     check_gguf_file(settings.model or default_model_path())  # a wrong path fails before listening
+    settings.sequences()  # and so does a RAM budget too small for the model
     info = ServiceInfo(
-        __version__, (), settings.max_message_bytes, settings.stream_interval_ms / 1000.0, settings.max_image_bytes
+        __version__, (), settings.max_message_bytes, settings.stream_interval_ms / 1000.0, settings.max_image_bytes,
+        settings.ram_budget_bytes,
     )
     service = SidecarService(None, budget, info)
     transports = await start_transports(service, settings, lifecycle.authenticator, serving=False)

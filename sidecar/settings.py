@@ -33,6 +33,7 @@ class Settings(BaseSettings):
     mmproj: Path | None = Field(None, description="vision projector (mmproj GGUF) paired with the model; enables AskImage")
     vlmopt: bool = Field(True, description="load the vision encoder only while an image is encoded (VLMOpt); off keeps it resident")
     budget: str = Field("0", description="VRAM the game grants, e.g. 512M, 3G, 2.5GiB; 0 = CPU only")
+    ram_budget: str | None = Field(None, description="host memory the daemon may hold, e.g. 512M, 2G; unset = no cap")
     max_cpu_threads: int = Field(0, ge=0, le=4096, description="most CPU threads per forward pass; 0 = no cap")
     host: str = DEFAULT_HOST
     port: int = Field(DEFAULT_PORT, ge=0, le=65535)
@@ -108,6 +109,16 @@ class Settings(BaseSettings):
                                  "e.g. http://localhost:8080")
         return value
 
+    @field_validator("ram_budget")
+    @classmethod
+    def _ram_budget_is_a_size(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                parse_size(value)
+            except InvalidArgument as e:
+                raise ValueError(str(e)) from None
+        return value
+
     @field_validator("remote_url")
     @classmethod
     def _remote_url_is_http(cls, value: str | None) -> str | None:
@@ -116,11 +127,34 @@ class Settings(BaseSettings):
         return value
 
     def sequences(self) -> int:
-        """Conversations held in the KV cache at once: --parallel, or what memory affords (crowd.py)."""
-        from sidecar.crowd import parallel_for
+        """The most conversations held in the KV cache at once: --parallel, or what memory affords
+        (crowd.py), never more than --ram-budget holds (InvalidArgument when it holds none)."""
+        from sidecar.crowd import parallel_for, ram_ceiling
         from sidecar.default_model import default_model_path
 
-        return parallel_for(self.parallel, self.model or default_model_path(), self.ctx)
+        model = self.model or default_model_path()
+        n = parallel_for(self.parallel, model, self.ctx)
+        if self.ram_budget_bytes:
+            n = min(n, ram_ceiling(self.ram_budget_bytes, model, self.ctx, self.prefix_cache_bytes))
+        return n
+
+    def start_sequences(self) -> int:
+        """Sequences allocated at start: all of --parallel when given, else a few, more on demand."""
+        from sidecar.crowd import START_SEQUENCES
+
+        return 0 if self.parallel else min(START_SEQUENCES, self.sequences())
+
+    @property
+    def ram_budget_bytes(self) -> int:
+        return parse_size(self.ram_budget) if self.ram_budget else 0
+
+    @property
+    def prefix_cache_bytes(self) -> int:
+        """--prefix-cache-mb, within its share of a RAM budget."""
+        from sidecar.crowd import PREFIX_SHARE
+
+        held = self.prefix_cache_mb << 20
+        return min(held, int(self.ram_budget_bytes * PREFIX_SHARE)) if self.ram_budget_bytes else held
 
     @property
     def budget_value(self) -> Budget:

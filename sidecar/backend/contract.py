@@ -78,6 +78,12 @@ class BackendSnapshot:
     load_report: LoadReport
     vision: EncoderStats | None = None
     prefix_cache: PrefixCacheStats | None = None
+    # Held against used (kv_cache_bytes): the KV the allocated sequences hold, how many there are
+    # and may be (engine/kv_demand.py), and the evicted sessions' states in host memory.
+    kv_held_bytes: int = 0
+    kv_sequences: int = 0
+    kv_sequences_max: int = 0
+    saved_sessions_bytes: int = 0
 
 
 class ModelOps(Protocol):

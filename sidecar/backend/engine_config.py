@@ -28,6 +28,9 @@ class EngineConfig:
     model_path: Path
     n_ctx: int = 4096
     n_seq: int = 4
+    # Sequences allocated at start; more, up to n_seq, when more conversations run at once, and
+    # back down when they go quiet (engine/kv_demand.py). 0 allocates all n_seq from the start.
+    n_seq_start: int = 0
     n_batch: int = 512
     n_ubatch: int = 0  # 0: same as n_batch
     threads_decode: int = 1
@@ -71,6 +74,8 @@ class EngineConfig:
             raise InvalidArgument(f"context size {self.n_ctx} is out of range (64 .. 1048576)")
         if not 1 <= self.n_seq <= 256:
             raise InvalidArgument(f"parallel conversations {self.n_seq} out of range (1 .. 256)")
+        if not 0 <= self.n_seq_start <= self.n_seq:
+            raise InvalidArgument(f"starting sequences {self.n_seq_start} out of range (0 .. {self.n_seq})")
         if not 1 <= self.n_batch <= 1 << 16:
             raise InvalidArgument(f"batch size {self.n_batch} out of range (1 .. 65536)")
         if self.n_ubatch == 0:

@@ -43,11 +43,12 @@ from sidecar.engine.prefix.prefix_sharing import PrefixSharing, shareable_tokens
 from sidecar.engine.prompts.prompt_build import BuiltPrompt, build_prompt
 from sidecar.engine.finish_report import cancelled_before_start, finished
 from sidecar.engine.scheduling.packing import packing_moves, swap
-from sidecar.engine.loading import load_model_and_context
+from sidecar.engine.loading import context_for, load_model_and_context
 from sidecar.engine.session_turn import remember_turn
 from sidecar.engine.inbox import ImageReady, InboxMessage, Stop
+from sidecar.engine.kv_demand import SequencePool, grown_count, resize, shrunk_count
 from sidecar.engine.model_calls import ModelCall, ModelCalls
-from sidecar.engine.reload import Reloading, ReloadRequest
+from sidecar.engine.reload import Reloading, ReloadRequest, release_freed_memory
 from sidecar.engine.scheduling.resent_admission import check_not_ended, resolve_waiting, still_resolved
 from sidecar.backend.requests import NO_VISION_MODEL, FinishReason, GenerationSpec, Job, Sink, TextDelta
 from sidecar.engine.sampler_chain import SamplerChain
@@ -80,14 +81,20 @@ class Engine(Reloading):
         install_native_log_filter()
         self.phase = EnginePhase.LOADING
         self.config = config
-        self.model, self._ctx = load_model_and_context(config)
+        self.pool = SequencePool(config)
+        self.model, self._ctx = load_model_and_context(config, self.pool.allocated)
+        if not self.model.plain_kv and self.pool.allocated < config.n_seq:
+            # Its saved sequences do not carry into another size (seq_state.py): all from the start.
+            self._ctx.close()
+            self._ctx = context_for(self.model, config, config.n_seq)
+            self.pool.start = self.pool.allocated = config.n_seq
         self.load_report = parse_load_log(self.model.load_log + self._ctx.load_log)
         self.facts = self.model.facts()
         self._inbox: queue.Queue[InboxMessage] = queue.Queue()
         self._images = ImageEncodes(wake=lambda: self._inbox.put(ImageReady()))
         self.encoder = self._open_encoder(config)
         self._kv_bytes_per_token = self.model.kv_bytes_per_token_f16()
-        self._slots = [Slot(seq) for seq in range(config.n_seq)]
+        self._slots = [Slot(seq) for seq in range(self.pool.allocated)]
         self.sessions = SessionStore(config.max_sessions)
         self.sharing = PrefixSharing(PrefixCache(config.prefix_cache_bytes), self._kv_bytes_per_token)
         self.stats = ThroughputStats()
@@ -188,6 +195,10 @@ class Engine(Reloading):
             vision=self.encoder.stats if self.encoder is not None else (
                 self._images.stats if self._images.settings is not None else None),
             prefix_cache=self.sharing.cache.stats(),
+            kv_held_bytes=self.pool.allocated * self._ctx.ctx_per_seq * self._kv_bytes_per_token,
+            kv_sequences=self.pool.allocated,
+            kv_sequences_max=self.config.n_seq,
+            saved_sessions_bytes=sum(v.host_bytes for v in self.sessions.views()),
         )
 
     def close(self, timeout: float = 10.0) -> None:
@@ -231,6 +242,9 @@ class Engine(Reloading):
             self._admit()
             if any(s.busy for s in self._slots):
                 self._pass_safely()
+                self.pool.quiet_since = time.monotonic()
+            elif not self._waiting:
+                self._shrink_when_quiet()
         self._shutdown()
 
     def _next_message(self) -> InboxMessage | None:
@@ -238,7 +252,7 @@ class Engine(Reloading):
         is nothing to run and nothing that could be admitted."""
         busy = any(s.busy for s in self._slots)
         # While an image encodes beside the loop, wake often enough to see its question cancelled.
-        timeout = 0.05 if self._images.has_work(self._waiting) else None
+        timeout = 0.05 if self._images.has_work(self._waiting) else self.pool.wait_s()
         try:
             return self._inbox.get(block=not busy and not self._waiting_admissible(), timeout=timeout)
         except queue.Empty:
@@ -275,6 +289,7 @@ class Engine(Reloading):
                           decoding=any(s.busy for s in self._slots))
         still_waiting: deque[Job] = deque()
         encoding_sessions: set[str] = set()  # a session's later turns wait for its image's turn
+        blocked = 0  # requests that wait only because every sequence is busy
         while self._waiting:
             job = self._waiting.popleft()
             if job.cancelled:
@@ -294,6 +309,7 @@ class Engine(Reloading):
             choice = choose_slot(job, self._slots, self.sessions, self._one_off_prompt_tokens)
             if choice is None:
                 still_waiting.append(job)
+                blocked += all(s.busy for s in self._slots)
                 continue
             slot = choice.slot
             if choice.evict:
@@ -306,6 +322,28 @@ class Engine(Reloading):
                 log.exception("request failed to start", request_id=job.spec.request_id)
                 job.sink(EngineFailure(f"internal error: {type(e).__name__}: {e}"))
         self._waiting = still_waiting
+        grow = grown_count(self.pool.allocated, self.config.n_seq, sum(s.busy for s in self._slots), blocked)
+        if grow is not None:
+            self._resize(grow)
+            self._admit()  # the new sequences are free: the waiting start now
+
+    def _resize(self, n: int) -> None:
+        """Allocate `n` sequences in place of today's (kv_demand.py); every stream pauses for it."""
+        t0 = time.perf_counter()
+        before = self.pool.allocated
+        self._ctx, self._slots = resize(self._ctx, self.model, self.config, self._slots, self.sessions, n)
+        self.pool.allocated = len(self._slots)
+        self.pool.resizes += 1
+        self.pool.last_resize_ms = (time.perf_counter() - t0) * 1000.0
+        if self.pool.allocated < before:
+            release_freed_memory()
+        log.info("kv sequences resized", sequences=self.pool.allocated, was=before, most=self.config.n_seq,
+                 pause_ms=round(self.pool.last_resize_ms, 1))
+
+    def _shrink_when_quiet(self) -> None:
+        n = shrunk_count(self.pool.allocated, self.pool.start, time.monotonic() - self.pool.quiet_since)
+        if n is not None:
+            self._resize(n)
 
     def _one_off_prompt_tokens(self, job: Job) -> list[int] | None:
         """A one-off request's prompt tokens, kept on the job for _start; None if it cannot be

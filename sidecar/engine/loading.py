@@ -7,28 +7,34 @@ from sidecar.native.context import NativeContext
 from sidecar.native.model import NativeModel
 
 
-def load_model_and_context(config: EngineConfig) -> tuple[NativeModel, NativeContext]:
+def load_model_and_context(config: EngineConfig, n_seq: int | None = None) -> tuple[NativeModel, NativeContext]:
     """Raises ModelLoadError (or ResourceExhausted for a context that does not fit); nothing is
-    left allocated when it does."""
+    left allocated when it does. `n_seq`: the sequences to allocate (kv_demand.py), at most the
+    configuration's; None allocates them all."""
     model = NativeModel(
         config.model_path, n_gpu_layers=config.n_gpu_layers, tensor_overrides=config.tensor_overrides
     )
     try:
-        ctx = NativeContext(
-            model,
-            n_seq=config.n_seq,
-            ctx_per_seq=config.n_ctx,
-            n_batch=config.n_batch,
-            n_ubatch=config.n_ubatch,
-            threads_decode=config.threads_decode,
-            threads_prefill=config.threads_prefill,
-            flash_attention=config.flash_attention,
-            op_offload=config.op_offload,
-            kv_on_gpu=config.kv_on_gpu,
-            kv_type=config.kv_type,
-            n_outputs_max=config.n_outputs_max,
-        )
+        ctx = context_for(model, config, n_seq or config.n_seq)
     except BaseException:
         model.close()
         raise
     return model, ctx
+
+
+def context_for(model: NativeModel, config: EngineConfig, n_seq: int) -> NativeContext:
+    """A context of `n_seq` sequences on `model`, otherwise as the configuration says."""
+    return NativeContext(
+        model,
+        n_seq=n_seq,
+        ctx_per_seq=config.n_ctx,
+        n_batch=config.n_batch,
+        n_ubatch=config.n_ubatch,
+        threads_decode=config.threads_decode,
+        threads_prefill=config.threads_prefill,
+        flash_attention=config.flash_attention,
+        op_offload=config.op_offload,
+        kv_on_gpu=config.kv_on_gpu,
+        kv_type=config.kv_type,
+        n_outputs_max=config.n_outputs_max,
+    )

@@ -65,12 +65,12 @@ class Reloading:
         self._ctx.close()
         self.model.close()
         try:
-            self.model, self._ctx = load_model_and_context(request.config)
+            self.model, self._ctx = load_model_and_context(request.config, self.pool.allocated)
             self.config = request.config
             self.load_report = parse_load_log(self.model.load_log + self._ctx.load_log)
         except SidecarError as e:
             log.error("reload failed; restoring the previous configuration", error=str(e))
-            self.model, self._ctx = load_model_and_context(old_config)
+            self.model, self._ctx = load_model_and_context(old_config, self.pool.allocated)
             self.encoder = self._open_encoder(old_config)
             self._restore_all(saved)
             self.phase = EnginePhase.READY

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import llama_cpp
 import numpy as np
 
+from sidecar.native.seq_state import restream, stream_count
 from sidecar.native.log_capture import capture_native_log
 from sidecar.native.model import NativeModel
 from sidecar.errors import EngineFailure, InvalidArgument, ModelLoadError, ResourceExhausted
@@ -183,6 +184,8 @@ class NativeContext:
     def restore(self, seq: int, state: bytes) -> None:
         """Load a state saved by `save` (from this or another context on an equal model) into `seq`."""
         self.clear(seq)
+        if stream_count(state) != self.n_seq:  # saved before the KV cache was resized (kv_demand.py)
+            state = restream(state, self.n_seq)
         buf = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
         if llama_cpp.llama_state_seq_set_data(self.ptr, buf, len(state), seq) == 0:
             raise EngineFailure("llama.cpp refused a saved sequence state")

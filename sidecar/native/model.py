@@ -103,6 +103,14 @@ class NativeModel:
             chat_template=self.chat_template,
         )
 
+    @property
+    def plain_kv(self) -> bool:
+        """Its memory is one plain KV cache (no sliding window, no recurrent state): the only kind
+        whose saved sequences carry into a context of another size (seq_state.py)."""
+        arch = self._meta("general.architecture")
+        recurrent = llama_cpp.llama_model_is_recurrent(self.ptr) or llama_cpp.llama_model_is_hybrid(self.ptr)
+        return not recurrent and not self._meta(f"{arch}.attention.sliding_window")
+
     def kv_bytes_per_token_f16(self) -> int:
         """KV-cache bytes one token takes: K and V, every layer, one f16 vector of
         n_head_kv * head_dim each."""

@@ -302,6 +302,7 @@ def status_to_pb(
     listen_addresses: list[str],
     max_message_bytes: int,
     max_image_bytes: int = 0,
+    ram_budget_bytes: int = 0,
 ) -> pb.Status:
     m, c, t = snap.model, snap.config, snap.throughput
     return pb.Status(
@@ -333,6 +334,12 @@ def status_to_pb(
             planned_vram_bytes=c.planned_vram_bytes,
             devices=device_memory_to_pb(snap.load_report),
             placement_device=c.device,
+            kv_cache_held_bytes=snap.kv_held_bytes,
+            kv_sequences=snap.kv_sequences,
+            kv_sequences_max=snap.kv_sequences_max,
+            saved_sessions_bytes=snap.saved_sessions_bytes,
+            prefix_cache_bytes=snap.prefix_cache.bytes_held if snap.prefix_cache is not None else 0,
+            ram_budget_bytes=ram_budget_bytes,
         ),
         throughput=pb.Throughput(
             tokens_generated=t.tokens_generated,

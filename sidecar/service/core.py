@@ -37,6 +37,8 @@ class ServiceInfo:
     # Least time between two text chunks of one stream; 0 sends every token as it comes.
     stream_interval_s: float = 0.033
     max_image_bytes: int = 32 << 20
+    # --ram-budget, reported in status (0: none).
+    ram_budget_bytes: int = 0
 
 
 class SidecarService:
@@ -242,6 +244,7 @@ class SidecarService:
             listen_addresses=list(self.info.listen_addresses),
             max_message_bytes=self.info.max_message_bytes,
             max_image_bytes=self.info.max_image_bytes,
+            ram_budget_bytes=self.info.ram_budget_bytes,
         )
         if self.state.current.profile is not None:
             status.profile.CopyFrom(profile_to_pb(self.state.current.profile))

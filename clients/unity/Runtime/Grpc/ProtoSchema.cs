@@ -305,6 +305,12 @@ namespace Xlm.Sidecar.Grpc
                     new ProtoField(6, "plannedVramBytes", ProtoType.UInt64, null),
                     new ProtoField(20, "devices", ProtoType.Message, "xlm.v1.DeviceMemory", repeated: true),
                     new ProtoField(21, "placementDevice", ProtoType.String, null),
+                    new ProtoField(7, "kvCacheHeldBytes", ProtoType.UInt64, null),
+                    new ProtoField(8, "kvSequences", ProtoType.UInt32, null),
+                    new ProtoField(9, "kvSequencesMax", ProtoType.UInt32, null),
+                    new ProtoField(10, "savedSessionsBytes", ProtoType.UInt64, null),
+                    new ProtoField(11, "prefixCacheBytes", ProtoType.UInt64, null),
+                    new ProtoField(12, "ramBudgetBytes", ProtoType.UInt64, null),
                 }
             },
             { "xlm.v1.DeviceMemory", new ProtoField[]

@@ -522,7 +522,7 @@ class ModelInfo(_message.Message):
     def __init__(self, path: _Optional[str] = ..., name: _Optional[str] = ..., architecture: _Optional[str] = ..., parameters: _Optional[int] = ..., file_bytes: _Optional[int] = ..., trained_context: _Optional[int] = ..., layers: _Optional[int] = ..., experts: _Optional[int] = ..., chat_template: _Optional[str] = ..., vision_available: _Optional[bool] = ..., projector_path: _Optional[str] = ...) -> None: ...
 
 class MemoryUse(_message.Message):
-    __slots__ = ("host_resident_bytes", "vram_used_bytes", "model_host_bytes", "model_vram_bytes", "kv_cache_bytes", "planned_vram_bytes", "devices", "placement_device")
+    __slots__ = ("host_resident_bytes", "vram_used_bytes", "model_host_bytes", "model_vram_bytes", "kv_cache_bytes", "planned_vram_bytes", "devices", "placement_device", "kv_cache_held_bytes", "kv_sequences", "kv_sequences_max", "saved_sessions_bytes", "prefix_cache_bytes", "ram_budget_bytes")
     HOST_RESIDENT_BYTES_FIELD_NUMBER: _ClassVar[int]
     VRAM_USED_BYTES_FIELD_NUMBER: _ClassVar[int]
     MODEL_HOST_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -531,6 +531,12 @@ class MemoryUse(_message.Message):
     PLANNED_VRAM_BYTES_FIELD_NUMBER: _ClassVar[int]
     DEVICES_FIELD_NUMBER: _ClassVar[int]
     PLACEMENT_DEVICE_FIELD_NUMBER: _ClassVar[int]
+    KV_CACHE_HELD_BYTES_FIELD_NUMBER: _ClassVar[int]
+    KV_SEQUENCES_FIELD_NUMBER: _ClassVar[int]
+    KV_SEQUENCES_MAX_FIELD_NUMBER: _ClassVar[int]
+    SAVED_SESSIONS_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_CACHE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    RAM_BUDGET_BYTES_FIELD_NUMBER: _ClassVar[int]
     host_resident_bytes: int
     vram_used_bytes: int
     model_host_bytes: int
@@ -539,7 +545,13 @@ class MemoryUse(_message.Message):
     planned_vram_bytes: int
     devices: _containers.RepeatedCompositeFieldContainer[DeviceMemory]
     placement_device: str
-    def __init__(self, host_resident_bytes: _Optional[int] = ..., vram_used_bytes: _Optional[int] = ..., model_host_bytes: _Optional[int] = ..., model_vram_bytes: _Optional[int] = ..., kv_cache_bytes: _Optional[int] = ..., planned_vram_bytes: _Optional[int] = ..., devices: _Optional[_Iterable[_Union[DeviceMemory, _Mapping]]] = ..., placement_device: _Optional[str] = ...) -> None: ...
+    kv_cache_held_bytes: int
+    kv_sequences: int
+    kv_sequences_max: int
+    saved_sessions_bytes: int
+    prefix_cache_bytes: int
+    ram_budget_bytes: int
+    def __init__(self, host_resident_bytes: _Optional[int] = ..., vram_used_bytes: _Optional[int] = ..., model_host_bytes: _Optional[int] = ..., model_vram_bytes: _Optional[int] = ..., kv_cache_bytes: _Optional[int] = ..., planned_vram_bytes: _Optional[int] = ..., devices: _Optional[_Iterable[_Union[DeviceMemory, _Mapping]]] = ..., placement_device: _Optional[str] = ..., kv_cache_held_bytes: _Optional[int] = ..., kv_sequences: _Optional[int] = ..., kv_sequences_max: _Optional[int] = ..., saved_sessions_bytes: _Optional[int] = ..., prefix_cache_bytes: _Optional[int] = ..., ram_budget_bytes: _Optional[int] = ...) -> None: ...
 
 class DeviceMemory(_message.Message):
     __slots__ = ("device", "model_bytes", "kv_cache_bytes", "compute_bytes", "output_bytes", "free_bytes", "total_bytes")
