@@ -70,6 +70,8 @@ SCENARIOS: dict[str, Scenario] = {
                         "npc_evening:scenario", "npc_evening:options", suite=False, repeats=None),
     "api-parity": Scenario("n=4 candidate lines against 4 requests, and embeddings/s against llama-server's",
                            "api_parity:scenario", "api_parity:options", suite=False, repeats=3),
+    "ram": Scenario("resident memory at idle against llama-server, through a crowd of 16 NPCs, and under --ram-budget",
+                    "host_memory:scenario", suite=False, repeats=2),
     "busy-cpu": Scenario("4 streams beside a busy core: the thread governor against maxCpuThreads 1 by hand",
                          "busy_cpu:scenario", "busy_cpu:options", suite=False),
 }

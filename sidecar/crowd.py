@@ -27,8 +27,10 @@ START_SEQUENCES = 2
 # HTTP server and numpy, and llama.cpp's compute buffers at --batch 512 (measured idle with SmolLM2
 # at 4 x 4096 cells: 568 MB resident, of which 377 MB KV and 98 MB weights).
 PROCESS_BYTES = 100 << 20
-# Of a RAM budget, the most the prefix cache may take.
+# Of a RAM budget, the most the prefix cache may take, and the most the evicted sessions' saved
+# KV states may (past it the least recently used keep their text only).
 PREFIX_SHARE = 1 / 8
+SAVED_SESSIONS_SHARE = 1 / 8
 
 
 def auto_parallel(sequence_kv_bytes: int, host_memory_bytes: int) -> int:
@@ -60,14 +62,16 @@ def parallel_for(parallel: int, model_path: Path, ctx: int) -> int:
 def sequences_within(ram_budget: int, model_bytes: int, sequence_kv_bytes: int, prefix_cache_bytes: int, ctx: int) -> int:
     """Sequences whose KV fits in `ram_budget` beside the weights, the process and the prefix cache;
     InvalidArgument, saying what the model needs, when not even one does."""
-    left = ram_budget - PROCESS_BYTES - model_bytes - prefix_cache_bytes
+    saved = int(ram_budget * SAVED_SESSIONS_SHARE)
+    left = ram_budget - PROCESS_BYTES - model_bytes - prefix_cache_bytes - saved
     n = left // max(sequence_kv_bytes, 1)
     if n < 1:
-        need = PROCESS_BYTES + model_bytes + prefix_cache_bytes + sequence_kv_bytes
+        need = PROCESS_BYTES + model_bytes + prefix_cache_bytes + saved + sequence_kv_bytes
         raise InvalidArgument(
             f"--ram-budget {ram_budget >> 20} MiB is below what this model needs: {need >> 20} MiB (weights "
             f"{model_bytes >> 20}, one conversation's KV at --ctx {ctx} {sequence_kv_bytes >> 20}, prefix cache "
-            f"{prefix_cache_bytes >> 20}, the process {PROCESS_BYTES >> 20}); give more, or lower --ctx")
+            f"{prefix_cache_bytes >> 20}, evicted sessions {saved >> 20}, the process {PROCESS_BYTES >> 20}); "
+            "give more, or lower --ctx")
     return int(n)
 
 

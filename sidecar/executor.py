@@ -279,6 +279,7 @@ def cpu_engine_config(settings: Settings, budget: Budget) -> EngineConfig:
         n_outputs_max=min(settings.sequences(), settings.batch),  # one logits row per sequence and pass
         adaptive_threads=settings.adaptive_threads,
         prefix_cache_bytes=settings.prefix_cache_bytes,
+        saved_sessions_bytes=settings.saved_sessions_bytes,
     )
 
 

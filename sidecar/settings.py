@@ -149,6 +149,13 @@ class Settings(BaseSettings):
         return parse_size(self.ram_budget) if self.ram_budget else 0
 
     @property
+    def saved_sessions_bytes(self) -> int:
+        """Evicted sessions' KV states: a share of a RAM budget, no cap without one."""
+        from sidecar.crowd import SAVED_SESSIONS_SHARE
+
+        return int(self.ram_budget_bytes * SAVED_SESSIONS_SHARE)
+
+    @property
     def prefix_cache_bytes(self) -> int:
         """--prefix-cache-mb, within its share of a RAM budget."""
         from sidecar.crowd import PREFIX_SHARE

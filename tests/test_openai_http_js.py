@@ -1,6 +1,9 @@
 """The official `openai` npm package (tests/js, installed with `npm ci` from the committed lock
-file) against a live daemon: chat, streaming, a session, a JSON schema reply, 401, 400, 413 and a
-stream aborted mid-way, which must leave no request running."""
+file) against a live daemon: chat, streaming, a session, a JSON schema reply, 401, 400, 413; what
+issue 28 added, as the npm client sends it (n choices, logprobs, a logit_bias ban, a GBNF grammar,
+a base URL without /v1, any model name, embeddings in the client's base64, a clamped max_tokens,
+an assistant message with two tool calls); and a stream aborted mid-way, which must leave no
+request running."""
 
 from __future__ import annotations
 
@@ -20,8 +23,10 @@ from openai_http_support import http_base
 pytestmark = pytest.mark.slow
 JS = REPO / "tests" / "js"
 REQUIRE_TOOLS = os.environ.get("XLM_REQUIRE_CLIENT_TOOLS") == "1"
-CHECKS = ["chat", "streaming", "session_holds_earlier_turns", "json_schema", "wrong_token_401", "n_2_is_400",
-          "two_megabytes_is_413", "cancel_by_abort"]
+CHECKS = ["chat", "streaming", "session_holds_earlier_turns", "json_schema", "wrong_token_401", "n_17_is_400",
+          "two_megabytes_is_413", "n_3_choices", "logprobs_one_entry_per_token", "logit_bias_bans_tokens", "gbnf_grammar",
+          "base_url_without_v1", "any_model_name", "embeddings_base64_decoded", "max_tokens_above_the_limit_is_clamped",
+          "assistant_message_with_two_tool_calls", "cancel_by_abort"]
 
 
 def _missing(what: str) -> None:

@@ -57,6 +57,9 @@ class EngineConfig:
     max_tokens_per_request: int = 2048
     # Host memory for shared prompt prefixes (prefix_cache.py); 0 turns sharing off.
     prefix_cache_bytes: int = 256 << 20
+    # Host memory for evicted sessions' KV states (0: no cap); past it the least recently used
+    # sessions keep only their text and rebuild their cache when they speak (a RAM budget sets it).
+    saved_sessions_bytes: int = 0
     # VRAM the planner expects this placement to take (0 without a plan): checked after loading
     # against what llama.cpp really allocated.
     planned_vram_bytes: int = 0

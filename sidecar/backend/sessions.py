@@ -72,10 +72,29 @@ class SessionStore:
     """Sessions by id, at most `max_sessions`. Thread-safe: the engine thread updates sessions while
     the transport lists or ends them."""
 
-    def __init__(self, max_sessions: int) -> None:
+    def __init__(self, max_sessions: int, max_saved_bytes: int = 0) -> None:
         self.max_sessions = max_sessions
+        # Host memory the evicted sessions' KV states may take (0: no cap; a RAM budget sets one).
+        self.max_saved_bytes = max_saved_bytes
         self._sessions: dict[str, Session] = {}
         self._lock = threading.Lock()
+
+    def keep_saved_within(self) -> int:
+        """Drop the saved KV states of the sessions least recently used until the rest fit in
+        max_saved_bytes; those rebuild their cache from their text when they speak again.
+        Returns the bytes dropped."""
+        if not self.max_saved_bytes:
+            return 0
+        with self._lock:
+            saved = sorted((s for s in self._sessions.values() if s.saved_state), key=lambda s: s.last_used)
+        total = sum(len(s.saved_state) for s in saved)
+        dropped = 0
+        for session in saved:
+            if total - dropped <= self.max_saved_bytes:
+                break
+            dropped += len(session.saved_state)
+            session.saved_state, session.saved_tokens = None, []
+        return dropped
 
     def open(self, session_id: str) -> Session:
         """The session with this id, created if new; ResourceExhausted when the store is full."""

@@ -95,7 +95,7 @@ class Engine(Reloading):
         self.encoder = self._open_encoder(config)
         self._kv_bytes_per_token = self.model.kv_bytes_per_token_f16()
         self._slots = [Slot(seq) for seq in range(self.pool.allocated)]
-        self.sessions = SessionStore(config.max_sessions)
+        self.sessions = SessionStore(config.max_sessions, config.saved_sessions_bytes)
         self.sharing = PrefixSharing(PrefixCache(config.prefix_cache_bytes), self._kv_bytes_per_token)
         self.stats = ThroughputStats()
         self._waiting: deque[Job] = deque()

@@ -58,6 +58,13 @@ class ModelCalls:
     def detokenize(self, tokens: list[int]) -> str:
         return self.model.detokenize(tokens)
 
+    def pieces(self, tokens: list[int]) -> list[bytes]:
+        """Each token's own bytes (part of a character, for some), control tokens as their text."""
+        bad = next((t for t in tokens if not 0 <= t < self.model.n_vocab), None)
+        if bad is not None:
+            raise InvalidArgument(f"token id {bad} is not in the model's vocabulary of {self.model.n_vocab}")
+        return [self.model.piece(t, special=True) for t in tokens]
+
     def embed(self, texts: list[str | list[int]]) -> tuple[list[list[float]], int]:
         """(one unit vector per input, the tokens they took). An input is text or token ids."""
         if not texts:

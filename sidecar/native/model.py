@@ -148,12 +148,13 @@ class NativeModel:
                 return buf.raw[:n].decode("utf-8", errors="replace")
             capacity = -n
 
-    def piece(self, token: int) -> bytes:
-        """The bytes one token stands for. Control tokens (end of turn) render as nothing."""
-        n = llama_cpp.llama_token_to_piece(self.vocab, token, self._piece_buf, len(self._piece_buf), 0, False)
+    def piece(self, token: int, special: bool = False) -> bytes:
+        """The bytes one token stands for. Control tokens (end of turn) render as nothing unless
+        `special`."""
+        n = llama_cpp.llama_token_to_piece(self.vocab, token, self._piece_buf, len(self._piece_buf), 0, special)
         if n < 0:
             buf = ctypes.create_string_buffer(-n)
-            n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
+            n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
             return buf.raw[:n]
         return self._piece_buf.raw[:n]
 

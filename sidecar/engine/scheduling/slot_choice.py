@@ -88,6 +88,7 @@ def evict(slot: Slot, ctx: NativeContext, sessions: SessionStore) -> None:
         session.saved_state = ctx.save(slot.seq)
         session.saved_tokens = list(slot.cached)
         log.debug("session evicted", session_id=session.session_id, tokens=len(slot.cached), bytes=len(session.saved_state))
+        sessions.keep_saved_within()
     if session is not None:
         session.seq = None
     ctx.clear(slot.seq)

@@ -72,8 +72,16 @@ async def tokenize(core: SidecarService, body: TokenizeRequest) -> dict:
     tokens = list(reply.tokens)
     if not body.with_pieces:
         return {"tokens": tokens}
-    pieces = await core.call_model(lambda m: [m.detokenize([t]) for t in tokens])
-    return {"tokens": [{"id": t, "piece": p} for t, p in zip(tokens, pieces)]}
+    pieces = await core.call_model(lambda m: m.pieces(tokens))
+    # As llama-server gives them: the text, or the bytes where a token holds part of a character.
+    return {"tokens": [{"id": t, "piece": _piece(p)} for t, p in zip(tokens, pieces)]}
+
+
+def _piece(piece: bytes) -> str | list[int]:
+    try:
+        return piece.decode("utf-8")
+    except UnicodeDecodeError:
+        return list(piece)
 
 
 async def detokenize(core: SidecarService, body: DetokenizeRequest) -> dict:

@@ -152,7 +152,7 @@ class EmbeddingList(_Reply):
 
 
 class Tokens(_Reply):
-    tokens: list[int] | list[dict[str, int | str]]
+    tokens: list[int] | list[dict[str, int | str | list[int]]]
 
 
 class Text(_Reply):
