@@ -2,10 +2,12 @@
 
 A) idle resident memory, the default model, the daemon with its defaults against llama.cpp's
    llama-server with its defaults (-t 2), sides interleaved;
-B) 16 NPCs talking at once (a session each, 64-token replies, two waves), resident memory at its
-   peak, just after, and once the sequences are given back (the daemon waits 30 s of quiet), for
-   the daemon as it is (KV grows with the crowd) and with every sequence allocated at start
-   (--parallel 16: how the daemon held memory before), with the crowd's all-spoken time;
+B) on a fresh daemon, 4 then 16 one-off streams at once (aggregate tokens/s: the KV grows during
+   them), then 16 NPCs talking at once (a session each, 64-token replies, two waves): resident
+   memory at its peak, just after, and once the sequences are given back (the daemon waits 30 s
+   of quiet), for the daemon as it is (KV grows with the crowd) and with every sequence allocated
+   at start (--parallel 16: the engine path and memory of the commit before), with the crowd's
+   all-spoken time;
 C) the same crowd under --ram-budget 512M: the peak must stay under it (fewer NPCs at once).
 
     python bench/run.py ram [--llama-bin DIR] [--repeats 2]
@@ -74,6 +76,26 @@ def _crowd(client, tag: str) -> float:
     return time.perf_counter() - t0
 
 
+def _aggregate_tokens_per_s(client, streams: int, tag: str) -> float:
+    """`streams` one-off requests at once (fresh prompts), generated tokens per second of wall time."""
+    from sidecar.api import pb
+
+    counts = [0] * streams
+
+    def one(i: int) -> None:
+        reply = client.complete(pb.GenerateRequest(prompt=f"{tag} story {i}: once upon a time", max_tokens=REPLY_TOKENS,
+                                                   sampling=pb.SamplingParams(temperature=0.0)))
+        counts[i] = reply.final.usage.completion_tokens
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(streams)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sum(counts) / (time.perf_counter() - t0)
+
+
 def _daemon_side(model, flags: list[str], settle_s: float) -> dict:
     from sidecar.daemon_process import start_daemon, stop_daemon
 
@@ -84,6 +106,8 @@ def _daemon_side(model, flags: list[str], settle_s: float) -> dict:
             time.sleep(2)
             idle = _rss(pid)
             with Peak(pid) as peak:
+                # First on a fresh daemon: the KV grows during these (the worst case for growth).
+                rates = {n: _aggregate_tokens_per_s(client, n, f"b{n}") for n in (4, 16)}
                 wall = _crowd(client, "v")
             after = _rss(pid)
             deadline, settled = time.monotonic() + settle_s, after
@@ -95,7 +119,7 @@ def _daemon_side(model, flags: list[str], settle_s: float) -> dict:
             back_s = settle_s - (deadline - time.monotonic())
             memory = client.status().memory
             return {"idle": idle, "peak": peak.value, "after": after, "settled": settled, "back_s": back_s,
-                    "wall_s": wall, "sequences_max": memory.kv_sequences_max}
+                    "wall_s": wall, "sequences_max": memory.kv_sequences_max, "tokens_per_s": rates}
     finally:
         stop_daemon(daemon)
 
@@ -149,8 +173,16 @@ def _report(idle: dict, crowd: dict) -> dict:
     if len(med) == 2:
         print(f"  daemon / llama-server: {med['daemon'] / med['llama-server']:.2f}x (target <= 1.25x)")
     print(f"\nB, C) {NPCS} NPCs, two waves of {REPLY_TOKENS}-token replies; resident memory, MiB")
-    print(f"  {'side':34}{'idle':>7}{'peak':>7}{'after':>7}{'settled':>9}{'back in s':>11}{'all spoken s':>14}{'max seq':>9}")
+    print("  (first 4, then 16 one-off streams at once, aggregate tokens/s; then the crowd)")
+    print(f"  {'side':34}{'idle':>7}{'peak':>7}{'after':>7}{'settled':>9}{'back in s':>11}{'all spoken s':>14}"
+          f"{'tok/s @4':>10}{'tok/s @16':>11}{'max seq':>9}")
     for side, r in crowd.items():
         print(f"  {side:34}{mib(r['idle']):7.0f}{mib(r['peak']):7.0f}{mib(r['after']):7.0f}{mib(r['settled']):9.0f}"
-              f"{r['back_s']:11.0f}{r['wall_s']:14.1f}{r['sequences_max']:9}")
+              f"{r['back_s']:11.0f}{r['wall_s']:14.1f}{r['tokens_per_s'][4]:10.1f}{r['tokens_per_s'][16]:11.1f}"
+              f"{r['sequences_max']:9}")
+    grows, fixed = crowd.get("grows with the crowd"), crowd.get("all 16 at start (--parallel 16)")
+    if grows and fixed:
+        print(f"  grows / all at start: all spoken x{grows['wall_s'] / fixed['wall_s']:.3f}, tokens/s @4 "
+              f"x{grows['tokens_per_s'][4] / fixed['tokens_per_s'][4]:.3f}, @16 "
+              f"x{grows['tokens_per_s'][16] / fixed['tokens_per_s'][16]:.3f}")
     return {"idle": idle, "idle_median": med, "crowd": crowd}

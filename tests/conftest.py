@@ -55,6 +55,16 @@ def client(daemon: RunningDaemon) -> Iterator[SidecarClient]:
         yield c
 
 
+@pytest.fixture(scope="session")
+def eog(daemon: RunningDaemon) -> tuple[int, ...]:
+    """The session daemon's end-of-generation token ids, to ban where a test needs a reply to run
+    its whole length (no_early_stop.py)."""
+    from no_early_stop import grpc_eog_ids
+
+    with daemon.client(timeout_s=120) as c:
+        return grpc_eog_ids(c)
+
+
 def require_rpc() -> None:
     """Skip (or fail, under XLM_REQUIRE_GPU_DEVICE=1, as in CI) without ggml's RPC backend."""
     from sidecar.ggml_rpc import rpc_available

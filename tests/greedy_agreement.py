@@ -13,10 +13,15 @@ the chosen token's logit is below the best one. Rounding puts it at or within a 
 logit of the top; a wrong placement, garbage weights or a lost or swapped KV cache puts tokens
 many logits below it. Because the reference follows the reply's own path, one near-tie flip
 costs one position, not the rest of the text.
+
+A reply sampled with tokens banned (no_early_stop.py bans the end-of-generation tokens so that a
+reply runs its whole length) is scored with the same ban: `banned` ids get the -inf the sampler
+gave them (logit_bias -100 is a true ban), so the best logit is the best the reply could choose.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -80,18 +85,20 @@ class CpuReference:
         """A raw prompt's tokens, as the engine tokenizes one (BOS as the model wants, specials parsed)."""
         return self._llm.tokenize(text.encode(), add_bos=True, special=True)
 
-    def score(self, prompt: list[int], reply: list[int]) -> Agreement:
+    def score(self, prompt: list[int], reply: list[int], banned: Sequence[int] = ()) -> Agreement:
         assert prompt and reply, "nothing to score"
         self._llm.reset()
         self._llm.eval(list(prompt) + list(reply))
-        logits = np.asarray(self._llm.scores[len(prompt) - 1: len(prompt) + len(reply) - 1], dtype=np.float64)
+        logits = np.array(self._llm.scores[len(prompt) - 1: len(prompt) + len(reply) - 1], dtype=np.float64)
+        if len(banned):
+            logits[:, np.asarray(banned)] = -np.inf  # as the reply's logit-bias sampler had them
         chosen = logits[np.arange(len(reply)), np.asarray(reply)]
         return Agreement(tuple(float(g) for g in logits.max(axis=1) - chosen))
 
 
 def assert_greedy_agrees(reference: CpuReference, prompt: list[int], reply: list[int], what: str,
-                         min_positions: int = 8) -> Agreement:
-    agreement = reference.score(prompt, reply)
+                         min_positions: int = 8, banned: Sequence[int] = ()) -> Agreement:
+    agreement = reference.score(prompt, reply, banned)
     assert agreement.positions >= min_positions, f"{what}: only {agreement.positions} tokens to compare"
     assert agreement.holds(), f"{what} is not what the model says: {agreement.describe()}"
     return agreement

@@ -16,14 +16,17 @@ from sidecar.profiler.background import BackgroundProfiler, EngineActivity
 from sidecar.profiler.database import load_profile
 from sidecar.profiler.hardware import discover_hardware
 from sidecar.profiler.plan import tiny_plan
+from no_early_stop import engine_eog_ids, engine_sampling, grpc_eog_ids, grpc_sampling
 from tests.conftest import start_daemon, stop_daemon
 from tests.conftest import wait_for_event as _events_until
 
 GREEDY = SamplingConfig(temperature=0.0, repeat_penalty=1.0)
 
 
-def _ask(engine: Engine, text: str) -> tuple[float, Finished]:
-    """(seconds to the first token, the end) of one request."""
+def _ask(engine: Engine, text: str, eog: tuple[int, ...]) -> tuple[float, Finished]:
+    """(seconds to the first token, the end) of one request. `eog`: the end-of-generation tokens,
+    banned, so the request runs its 16 tokens, a first one surely among them (looked up before:
+    a lookup here would wait for the engine thread inside the time measured)."""
     first: list[float] = []
     done: list[object] = []
     ended = threading.Event()
@@ -36,7 +39,7 @@ def _ask(engine: Engine, text: str) -> tuple[float, Finished]:
             done.append(event)
             ended.set()
 
-    engine.submit(GenerationSpec(Prompt(text=text), max_tokens=16, sampling=GREEDY), sink)
+    engine.submit(GenerationSpec(Prompt(text=text), max_tokens=16, sampling=engine_sampling(GREEDY, eog)), sink)
     assert ended.wait(120)
     assert isinstance(done[0], Finished), done[0]
     return first[0], done[0]
@@ -44,6 +47,7 @@ def _ask(engine: Engine, text: str) -> tuple[float, Finished]:
 
 def test_a_slice_that_overlaps_engine_work_is_thrown_away(smollm2_path, tmp_path: Path) -> None:
     engine = Engine(EngineConfig(model_path=smollm2_path, n_ctx=512, threads_decode=2, threads_prefill=2))
+    eog = engine_eog_ids(engine)
     asked: list[tuple[float, Finished]] = []
     started = threading.Event()
 
@@ -51,7 +55,7 @@ def test_a_slice_that_overlaps_engine_work_is_thrown_away(smollm2_path, tmp_path
         # The first slice has just begun: the game speaks now.
         if step and not started.is_set():
             started.set()
-            threading.Thread(target=lambda: asked.append(_ask(engine, "Once upon a time")), daemon=True).start()
+            threading.Thread(target=lambda: asked.append(_ask(engine, "Once upon a time", eog)), daemon=True).start()
 
     landed: list[object] = []
     profiler = None
@@ -90,13 +94,15 @@ def test_without_a_profile_the_daemon_starts_on_defaults_and_re_plans_when_measu
         with daemon.client(timeout_s=120) as client:
             assert client.status().profile.state == pb.PROFILE_STATE_DEFAULTS
             # Replies come at once on the default plan, while the profile waits for idle time.
-            assert "".join(client.chat("Hello!", max_tokens=8)).strip()
+            # (The end-of-generation tokens banned: each says something, whatever the model would.)
+            no_end = grpc_sampling(grpc_eog_ids(client))
+            assert "".join(client.chat("Hello!", max_tokens=8, sampling=no_end)).strip()
             _events_until(daemon, "re-planned with the measured profile", 180)
             status = client.status()
             assert status.profile.state in (pb.PROFILE_STATE_MEASURED, pb.PROFILE_STATE_REFRESHING)
             assert status.profile.source == "background"
             assert status.profile.steps_done == status.profile.steps_total > 0
-            assert "".join(client.chat("And again.", max_tokens=8)).strip()
+            assert "".join(client.chat("And again.", max_tokens=8, sampling=no_end)).strip()
         saved = next(e for e in daemon.log_lines if e["event"] == "background profile saved")
         assert Path(saved["path"]).is_file() and Path(saved["path"]).is_relative_to(tmp_path)
     finally:

@@ -12,6 +12,8 @@ from sidecar.client import Reply
 from sidecar.crowd import AUTO_MAX, AUTO_MIN, auto_parallel, parallel_for
 from sidecar.default_model import default_model_path
 
+from no_early_stop import grpc_sampling
+
 GIB = 1 << 30
 
 
@@ -24,17 +26,19 @@ def test_sequences_are_what_an_eighth_of_memory_holds_between_4_and_16() -> None
     assert parallel_for(7, default_model_path(), 4096) == 7, "an explicit --parallel wins"
 
 
-def test_sixteen_npcs_at_the_default_settings_all_start_before_any_reply_ends(daemon) -> None:
+def test_sixteen_npcs_at_the_default_settings_all_start_before_any_reply_ends(daemon, eog) -> None:
     ready = next(e for e in daemon.log_lines if e.get("event") == "ready")
     assert ready["parallel"] == parallel_for(0, default_model_path(), 4096)
     if ready["parallel"] < 16:
         pytest.skip("this machine's memory affords fewer than 16 sequences at --ctx 4096 (README: crowds)")
 
     def npc(i: int) -> pb.GenerationFinal:
+        # The end-of-generation tokens banned: every reply runs its 8 tokens (one that ended at its
+        # first would be over before the last NPC's first token, with no one waiting on anyone).
         with daemon.client(timeout_s=120) as client:
             reply = Reply()
             "".join(client.chat(f"Villager {i}, what is your trade?", system=f"You are villager number {i}.",
-                                max_tokens=8, reply=reply))
+                                max_tokens=8, reply=reply, sampling=grpc_sampling(eog)))
             return reply.final
 
     with ThreadPoolExecutor(16) as pool:

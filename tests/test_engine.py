@@ -25,6 +25,7 @@ from sidecar.engine import (
 from sidecar.errors import InvalidArgument, ResourceExhausted, SidecarError
 
 from greedy_agreement import CpuReference, assert_greedy_agrees, engine_prompt_tokens
+from no_early_stop import engine_eog_ids, engine_sampling
 
 GREEDY = SamplingConfig(temperature=0.0, repeat_penalty=1.0)
 
@@ -35,6 +36,12 @@ def engine(smollm2_path) -> Iterator[Engine]:
                             max_prompt_tokens=1000, adaptive_threads=False))
     yield e
     e.close()
+
+
+@pytest.fixture(scope="module")
+def eog(engine: Engine) -> tuple[int, ...]:
+    """The model's end-of-generation tokens: banned where a test needs the reply's whole length."""
+    return engine_eog_ids(engine)
 
 
 def run(engine: Engine, spec: GenerationSpec, on_delta=None) -> tuple[list[TextDelta], Finished]:
@@ -71,8 +78,9 @@ def test_characters_split_across_tokens_arrive_whole(engine: Engine) -> None:
     assert sum(len(d.token_ids) for d in deltas) == final.usage.completion_tokens
 
 
-def test_the_same_prompt_again_is_served_from_the_kv_cache(engine: Engine, smollm2_path) -> None:
-    spec = GenerationSpec(prompt=Prompt(messages=(("user", "Name three fruits."),)), sampling=GREEDY, max_tokens=16)
+def test_the_same_prompt_again_is_served_from_the_kv_cache(engine: Engine, eog, smollm2_path) -> None:
+    # The end-of-generation tokens banned (and in the reference): 16 tokens to compare, surely.
+    spec = GenerationSpec(prompt=Prompt(messages=(("user", "Name three fruits."),)), sampling=engine_sampling(GREEDY, eog), max_tokens=16)
     first_text, first = run(engine, spec)
     again_text, again = run(engine, spec)
     third_text, _ = run(engine, spec)
@@ -84,10 +92,10 @@ def test_the_same_prompt_again_is_served_from_the_kv_cache(engine: Engine, smoll
     prompt = engine_prompt_tokens(engine, spec)
     with CpuReference(smollm2_path) as reference:
         for deltas in (first_text, again_text):
-            assert_greedy_agrees(reference, prompt, [t for d in deltas for t in d.token_ids], "a reply from the cache", 4)
+            assert_greedy_agrees(reference, prompt, [t for d in deltas for t in d.token_ids], "a reply from the cache", 4, banned=eog)
 
 
-def test_cancel_stops_within_a_step(engine: Engine) -> None:
+def test_cancel_stops_within_a_step(engine: Engine, eog) -> None:
     job_holder = []
 
     def cancel_after_three(_delta: TextDelta) -> None:
@@ -106,7 +114,9 @@ def test_cancel_stops_within_a_step(engine: Engine) -> None:
             final.append(event)
             done.set()
 
-    job_holder.append(engine.submit(GenerationSpec(prompt=Prompt(text="Once upon a time"), sampling=GREEDY, max_tokens=400), sink))
+    # The end-of-generation tokens banned: the reply is still running at its third token.
+    job_holder.append(engine.submit(GenerationSpec(prompt=Prompt(text="Once upon a time"), sampling=engine_sampling(GREEDY, eog),
+                                                   max_tokens=400), sink))
     assert done.wait(60)
     assert isinstance(final[0], Finished) and final[0].reason is FinishReason.CANCELLED
     assert final[0].usage.completion_tokens <= 4
@@ -128,10 +138,10 @@ def test_sessions_are_limited(engine: Engine) -> None:
     engine.end_session("b")
 
 
-def test_a_prompt_over_the_limit_is_refused_and_the_next_one_runs(engine: Engine) -> None:
+def test_a_prompt_over_the_limit_is_refused_and_the_next_one_runs(engine: Engine, eog) -> None:
     with pytest.raises(InvalidArgument, match="limit"):
         run(engine, GenerationSpec(prompt=Prompt(text="tree " * 1200), max_tokens=4))
-    _, final = run(engine, GenerationSpec(prompt=Prompt(text="Hi"), sampling=GREEDY, max_tokens=2))
+    _, final = run(engine, GenerationSpec(prompt=Prompt(text="Hi"), sampling=engine_sampling(GREEDY, eog), max_tokens=2))
     assert final.usage.completion_tokens >= 1
 
 
@@ -143,17 +153,20 @@ def test_a_full_context_ends_the_reply(engine: Engine) -> None:
     assert final.usage.prompt_tokens + final.usage.completion_tokens <= 1024 + 1
 
 
-def test_status_snapshot_counts_work(engine: Engine) -> None:
-    run(engine, GenerationSpec(prompt=Prompt(text="Hello"), sampling=GREEDY, max_tokens=2))  # whatever ran before
+def test_status_snapshot_counts_work(engine: Engine, eog) -> None:
+    # Whatever ran before; a token generated even if nothing did (no end-of-generation token first).
+    run(engine, GenerationSpec(prompt=Prompt(text="Hello"), sampling=engine_sampling(GREEDY, eog), max_tokens=2))
     snap = engine.snapshot()
     assert snap.throughput.requests_served >= 1
     assert snap.throughput.tokens_generated >= 1
     assert snap.kv_cache_bytes > 0
 
 
-def test_a_fixed_seed_reproduces_a_sampled_reply(engine: Engine) -> None:
+def test_a_fixed_seed_reproduces_a_sampled_reply(engine: Engine, eog) -> None:
     def sample(seed: int) -> str:
-        spec = GenerationSpec(prompt=Prompt(messages=(("user", "Invent a name for a tavern."),)), sampling=SamplingConfig(temperature=1.0, seed=seed), max_tokens=12)
+        # The end-of-generation tokens banned: 12 sampled tokens each, not replies that may all be empty.
+        sampling = engine_sampling(SamplingConfig(temperature=1.0, seed=seed), eog)
+        spec = GenerationSpec(prompt=Prompt(messages=(("user", "Invent a name for a tavern."),)), sampling=sampling, max_tokens=12)
         deltas, _ = run(engine, spec)
         return "".join(d.text for d in deltas)
 

@@ -20,6 +20,8 @@ from conftest import REPO, start_daemon, stop_daemon
 from sidecar.api import pb
 from sidecar.client import Reply
 
+from no_early_stop import grpc_eog_ids, grpc_sampling
+
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("PyInstaller") is None and os.environ.get("XLM_REQUIRE_CLIENT_TOOLS") != "1",
     reason="PyInstaller is not installed (pip install -e '.[deploy]')",
@@ -74,8 +76,9 @@ def test_frozen_daemon_streams_a_reply(frozen: Path, tmp_path: Path) -> None:
         assert Path(listening["token_file"]).is_file()
         reply = Reply()
         with daemon.client(timeout_s=120) as client:
+            # The end-of-generation tokens banned: the reply says something, whatever the model would.
             pieces = list(client.chat("Greetings, traveller! Who are you?", max_tokens=24, reply=reply,
-                                      sampling=pb.SamplingParams(temperature=0.0)))
+                                      sampling=grpc_sampling(grpc_eog_ids(client), temperature=0.0)))
         assert len(pieces) >= 1 and reply.text.strip(), reply.text  # what it says differs by CPU
         assert reply.final is not None and 0 < reply.final.usage.completion_tokens <= 24
         assert reply.final.finish_reason in (pb.FINISH_REASON_STOP, pb.FINISH_REASON_LENGTH)

@@ -30,6 +30,7 @@ from conftest import RunningDaemon, start_daemon, stop_daemon
 from run_summary import record_tally
 from sidecar.api import pb
 from test_transport_websocket import ONE_THREAD, TERMINAL, BridgeClient
+from no_early_stop import default_eog_ids, http_bias
 
 DOCUMENTED = {"OK", "INVALID_ARGUMENT", "RESOURCE_EXHAUSTED", "NOT_FOUND", "FAILED_PRECONDITION", "UNIMPLEMENTED",
               "CANCELLED", "ALREADY_EXISTS"}
@@ -217,8 +218,9 @@ def test_huge_prompts_while_other_streams_run(fuzzed: RunningDaemon) -> None:
 
 def test_shutdown_with_calls_in_flight_ends_every_call() -> None:
     running = start_daemon(*ONE_THREAD, "--grace-seconds", "1", "--stream-interval-ms", "0", "--parallel", "8")
+    # The end-of-generation tokens banned: all five calls are surely still running at SIGTERM.
     endless = {"prompt": "Here is a list of every number from 1 to 1000:\n1\n2\n", "maxTokens": 2000,
-               "sampling": {"temperature": 0, "repeatPenalty": 1}}
+               "sampling": {"temperature": 0, "repeatPenalty": 1, "logitBias": http_bias(default_eog_ids())}}
     outcomes: list[str] = []
 
     def grpc_stream() -> None:

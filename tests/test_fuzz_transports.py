@@ -28,6 +28,7 @@ from conftest import RunningDaemon, start_daemon, stop_daemon
 from sidecar.api import pb
 from sidecar.budget import parse_size
 from sidecar.errors import InvalidArgument
+from no_early_stop import grpc_eog_ids, grpc_sampling
 from test_transport_websocket import ONE_THREAD, BridgeClient
 
 # What a call may end with. DEADLINE_EXCEEDED, INTERNAL, UNKNOWN or UNAVAILABLE would mean a hang,
@@ -335,7 +336,8 @@ def test_websocket_survives_garbage_frames(fuzzed: RunningDaemon, frames_in: lis
 
 def test_the_daemon_still_answers_normally_on_both_transports(fuzzed: RunningDaemon) -> None:
     with fuzzed.client(timeout_s=CALL_TIMEOUT_S) as client:
-        reply = client.complete(pb.GenerateRequest(prompt="Hello", max_tokens=3, sampling=pb.SamplingParams(temperature=0)))
+        # The end-of-generation tokens banned: the reply runs its 3 tokens, whatever the model says.
+        reply = client.complete(pb.GenerateRequest(prompt="Hello", max_tokens=3, sampling=grpc_sampling(grpc_eog_ids(client), temperature=0)))
         assert reply.final.usage.completion_tokens == 3
         deadline = time.monotonic() + 30
         while client.status().throughput.requests_active and time.monotonic() < deadline:

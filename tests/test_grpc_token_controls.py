@@ -11,6 +11,8 @@ import pytest
 
 from sidecar.api import pb
 
+from no_early_stop import grpc_bias, grpc_sampling
+
 GREEDY = pb.SamplingParams(temperature=0.0, repeat_penalty=1.0)
 PERSONA = ("You are Brann, the blacksmith of Oakvale. You speak in short, gruff sentences, you love your forge, "
            "and you distrust the mages of the tower. You sell swords, axes and horseshoes. ") * 2
@@ -21,8 +23,9 @@ def ask(text: str = "What do you sell?", **kwargs) -> pb.GenerateRequest:
         pb.ChatMessage(role="system", content=PERSONA), pb.ChatMessage(role="user", content=text)]), **kwargs)
 
 
-def test_n_candidates_stream_with_their_index_and_share_one_prefill(client) -> None:
-    replies = client.candidates(ask(max_tokens=12, sampling=pb.SamplingParams(temperature=1.0, seed=3)), 4)
+def test_n_candidates_stream_with_their_index_and_share_one_prefill(client, eog) -> None:
+    # The end-of-generation tokens banned: each candidate has tokens, whatever the model says.
+    replies = client.candidates(ask(max_tokens=12, sampling=grpc_sampling(eog, temperature=1.0, seed=3)), 4)
     assert len(replies) == 4 and all(r.final is not None and r.final.usage.completion_tokens > 0 for r in replies)
     prompt = replies[0].final.usage.prompt_tokens
     computed = sum(r.final.usage.prompt_tokens - r.final.usage.cached_prompt_tokens for r in replies)
@@ -48,9 +51,10 @@ def test_logprobs_come_with_each_token(client) -> None:
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
-def test_a_banned_token_stays_out(client) -> None:
-    first = client.complete(ask(max_tokens=4, sampling=GREEDY)).token_ids[0]
-    banned = pb.SamplingParams(temperature=0.0, repeat_penalty=1.0, logit_bias={first: -100.0})
+def test_a_banned_token_stays_out(client, eog) -> None:
+    # The end-of-generation tokens banned in both: each reply has tokens to look at.
+    first = client.complete(ask(max_tokens=4, sampling=grpc_sampling(eog, temperature=0.0, repeat_penalty=1.0))).token_ids[0]
+    banned = pb.SamplingParams(temperature=0.0, repeat_penalty=1.0, logit_bias={**grpc_bias(eog), first: -100.0})
     assert first not in client.complete(ask(max_tokens=4, sampling=banned)).token_ids
     for bias in ({first: 1000.0}, {10**8: 1.0}, {-3: 1.0}):
         with pytest.raises(grpc.RpcError) as err:

@@ -15,7 +15,8 @@ import pytest
 
 from conftest import start_daemon, stop_daemon, wait_for_event
 from sidecar.api import pb
-from test_transport_websocket import LONG_PROMPT, ONE_THREAD, BridgeClient
+from no_early_stop import default_eog_ids, grpc_sampling
+from test_transport_websocket import COUNTING, LONG_PROMPT, ONE_THREAD, BridgeClient
 
 def test_the_instance_lock_admits_one_holder_and_survives_a_crash(tmp_path) -> None:
     from sidecar.lifecycle.instance_lock import AlreadyServing, InstanceLock
@@ -38,8 +39,12 @@ def test_the_instance_lock_admits_one_holder_and_survives_a_crash(tmp_path) -> N
     second.release()
 
 
-# Without the repetition penalty SmolLM2 counts on past any max_tokens (with it, it stops near 34).
-ENDLESS = pb.GenerateRequest(prompt=LONG_PROMPT, max_tokens=2000, sampling=pb.SamplingParams(temperature=0, repeat_penalty=1.0))
+# The model's end-of-generation tokens banned (no_early_stop.py): a reply runs to its max_tokens,
+# whatever the model would say (without the repetition penalty SmolLM2 also counts on here on the
+# CPUs tried, and stops near 34 with it, but another CPU's kernels may round otherwise). Every
+# daemon here serves the default model. COUNTING is the same over the WebSocket bridge.
+COUNTING_SAMPLING = grpc_sampling(default_eog_ids(), temperature=0, repeat_penalty=1.0)
+ENDLESS = pb.GenerateRequest(prompt=LONG_PROMPT, max_tokens=2000, sampling=COUNTING_SAMPLING)
 
 
 @pytest.mark.parametrize("reaped", [True, False], ids=["reaped", "zombie"])
@@ -113,13 +118,12 @@ def test_sigterm_lets_calls_in_flight_finish_and_refuses_new_ones() -> None:
     running = start_daemon(*ONE_THREAD, "--grace-seconds", "120", "--stream-interval-ms", "0")
     try:
         with running.client(timeout_s=120) as client, BridgeClient(running.ws_address, running.token) as bridge:
-            # Greedy on the counting prompt, which runs for hundreds of tokens: both calls reach their
-            # 40 unless shutdown cuts them. (With "Once upon a time" sampled, a reply once ended at its
-            # end-of-text token after 31, and the test failed with nothing wrong.)
-            request = pb.GenerateRequest(prompt=LONG_PROMPT, max_tokens=40, sampling=pb.SamplingParams(temperature=0, repeat_penalty=1.0))
+            # The end-of-generation tokens banned: both calls reach their 40 unless shutdown cuts
+            # them. (With "Once upon a time" sampled, a reply once ended at its end-of-text token
+            # after 31, and the test failed with nothing wrong.)
+            request = pb.GenerateRequest(prompt=LONG_PROMPT, max_tokens=40, sampling=COUNTING_SAMPLING)
             thread, first, outcome = _stream_in_thread(client, request)
-            bridge.send({"id": "ws", "method": "Generate", "request": {"prompt": LONG_PROMPT, "maxTokens": 40,
-                                                                      "sampling": {"temperature": 0, "repeatPenalty": 1}}})
+            bridge.send({"id": "ws", "method": "Generate", "request": {**COUNTING, "maxTokens": 40}})
             assert "chunk" in next(bridge.frames_of("ws"))
             assert first.wait(120)
             running.process.send_signal(signal.SIGTERM)
@@ -149,7 +153,7 @@ def test_calls_still_running_when_the_grace_period_ends_get_a_cancelled_final_ch
     try:
         with running.client(timeout_s=120) as client, BridgeClient(running.ws_address, running.token) as bridge:
             thread, first, outcome = _stream_in_thread(client, ENDLESS)
-            bridge.send({"id": "ws", "method": "Generate", "request": {"prompt": LONG_PROMPT, "maxTokens": 2000, "sampling": {"temperature": 0, "repeatPenalty": 1}}})
+            bridge.send({"id": "ws", "method": "Generate", "request": {**COUNTING, "maxTokens": 2000}})
             assert "chunk" in next(bridge.frames_of("ws"))
             assert first.wait(120)
             running.process.send_signal(signal.SIGTERM)
@@ -181,7 +185,7 @@ def test_during_the_grace_period_grpc_answers_unavailable_and_health_not_serving
     running = start_daemon(*ONE_THREAD, "--grace-seconds", "120", "--stream-interval-ms", "0")
     try:
         with running.client(timeout_s=120) as client:
-            request = pb.GenerateRequest(prompt=LONG_PROMPT, max_tokens=200, sampling=pb.SamplingParams(temperature=0, repeat_penalty=1.0))
+            request = pb.GenerateRequest(prompt=LONG_PROMPT, max_tokens=200, sampling=COUNTING_SAMPLING)
             thread, first, outcome = _stream_in_thread(client, request)  # still running at the checks below
             assert first.wait(120)
             running.process.send_signal(signal.SIGTERM)
@@ -207,11 +211,9 @@ def test_a_second_sigint_skips_the_rest_of_the_grace_period() -> None:
     running = start_daemon(*ONE_THREAD, "--grace-seconds", "300")
     try:
         with running.client(timeout_s=120) as client, BridgeClient(running.ws_address, running.token) as bridge:
-            # ENDLESS: with the penalty the reply ends after about 34 tokens, and the daemon would
-            # have nothing left to drain.
+            # ENDLESS: a reply that ended early would leave the daemon nothing to drain.
             thread, first, _ = _stream_in_thread(client, ENDLESS)
-            bridge.send({"id": "ws", "method": "Generate", "request": {"prompt": LONG_PROMPT, "maxTokens": 2000,
-                                                                      "sampling": {"temperature": 0, "repeatPenalty": 1}}})
+            bridge.send({"id": "ws", "method": "Generate", "request": {**COUNTING, "maxTokens": 2000}})
             assert "chunk" in next(bridge.frames_of("ws"))
             assert first.wait(120)
             running.process.send_signal(signal.SIGINT)

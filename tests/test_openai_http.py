@@ -16,6 +16,7 @@ import openai
 import pytest
 
 from conftest import RunningDaemon, start_daemon, stop_daemon
+from no_early_stop import http_bias, http_eog_ids
 from openai_http_support import http_base
 
 pytestmark = pytest.mark.slow
@@ -42,6 +43,13 @@ def client(api: RunningDaemon, base: str) -> Iterator[openai.OpenAI]:
 
 
 @pytest.fixture(scope="module")
+def no_end(api: RunningDaemon, base: str) -> dict[str, float]:
+    """logit_bias banning the model's end-of-generation tokens: where a test needs a reply to run
+    its whole max_tokens, or to say anything at all (no_early_stop.py)."""
+    return http_bias(http_eog_ids(base, api.token))
+
+
+@pytest.fixture(scope="module")
 def model(client: openai.OpenAI) -> str:
     models = client.models.list().data
     assert len(models) == 1 and models[0].owned_by == "xlm-sidecar"
@@ -52,9 +60,9 @@ def ask(text: str) -> list[dict]:
     return [{"role": "user", "content": text}]
 
 
-def test_chat_completion_answers(client: openai.OpenAI, model: str) -> None:
+def test_chat_completion_answers(client: openai.OpenAI, model: str, no_end) -> None:
     reply = client.chat.completions.create(model=model, messages=ask("What is the capital of France?"),
-                                           max_tokens=30, **GREEDY)
+                                           max_tokens=30, logit_bias=no_end, **GREEDY)
     choice = reply.choices[0]
     # What the model says is not asserted (it rounds otherwise on another CPU): the shape is.
     assert choice.message.content.strip() and choice.message.role == "assistant"
@@ -63,15 +71,16 @@ def test_chat_completion_answers(client: openai.OpenAI, model: str) -> None:
     assert reply.usage.total_tokens == reply.usage.prompt_tokens + reply.usage.completion_tokens
 
 
-def test_streaming_gives_the_same_text_in_pieces_then_usage(client: openai.OpenAI, model: str) -> None:
+def test_streaming_gives_the_same_text_in_pieces_then_usage(client: openai.OpenAI, model: str, no_end) -> None:
     messages = [{"role": "system", "content": "You are a helpful bard."},
                 {"role": "user", "content": [{"type": "text", "text": "Tell me a story about a dragon."}]}]
     # The first call puts the prompt in the cache, so the two compared are computed alike (the
-    # same batch layout); a prompt computed whole may round a near-tie otherwise.
-    client.chat.completions.create(model=model, messages=messages, max_tokens=1, **GREEDY)
-    whole = client.chat.completions.create(model=model, messages=messages, max_tokens=40, **GREEDY)
+    # same batch layout); a prompt computed whole may round a near-tie otherwise. The
+    # end-of-generation tokens are banned: 40 tokens, surely more than 5 events.
+    client.chat.completions.create(model=model, messages=messages, max_tokens=1, logit_bias=no_end, **GREEDY)
+    whole = client.chat.completions.create(model=model, messages=messages, max_tokens=40, logit_bias=no_end, **GREEDY)
     stream = client.chat.completions.create(model=model, messages=messages, max_tokens=40, stream=True,
-                                            stream_options={"include_usage": True}, **GREEDY)
+                                            stream_options={"include_usage": True}, logit_bias=no_end, **GREEDY)
     chunks = list(stream)
     pieces = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
     assert len(pieces) > 5, "text should come in many events, not one"
@@ -91,14 +100,14 @@ def test_the_stream_ends_with_done(api: RunningDaemon, base: str) -> None:
     assert json.loads(lines[0][6:])["choices"][0]["delta"]["role"] == "assistant"
 
 
-def test_async_client_streams_and_answers(api: RunningDaemon, base: str, model: str) -> None:
+def test_async_client_streams_and_answers(api: RunningDaemon, base: str, model: str, no_end) -> None:
+    kwargs = dict(model=model, messages=ask("Name a colour."), logit_bias=no_end, **GREEDY)  # a reply of 12 tokens, surely
     async def run() -> tuple[str, str]:
         async with openai.AsyncOpenAI(base_url=base + "/v1", api_key=api.token, max_retries=0) as c:
-            await c.chat.completions.create(model=model, messages=ask("Name a colour."), max_tokens=1, **GREEDY)  # cached
-            whole = await c.chat.completions.create(model=model, messages=ask("Name a colour."), max_tokens=12, **GREEDY)
+            await c.chat.completions.create(max_tokens=1, **kwargs)  # cached
+            whole = await c.chat.completions.create(max_tokens=12, **kwargs)
             pieces = []
-            async for chunk in await c.chat.completions.create(model=model, messages=ask("Name a colour."),
-                                                               max_tokens=12, stream=True, **GREEDY):
+            async for chunk in await c.chat.completions.create(max_tokens=12, stream=True, **kwargs):
                 if chunk.choices and chunk.choices[0].delta.content:
                     pieces.append(chunk.choices[0].delta.content)
             return whole.choices[0].message.content, "".join(pieces)
@@ -107,17 +116,18 @@ def test_async_client_streams_and_answers(api: RunningDaemon, base: str, model: 
     assert whole and streamed == whole
 
 
-def test_raw_completion_with_stop(client: openai.OpenAI, model: str) -> None:
+def test_raw_completion_with_stop(client: openai.OpenAI, model: str, no_end) -> None:
     # The stop string is taken from what the model says here, so it surely comes; the calls after
-    # the first are served from the cache, so computed alike.
-    client.completions.create(model=model, prompt="1, 2, 3, 4, 5,", max_tokens=1, **GREEDY)
-    free = client.completions.create(model=model, prompt="1, 2, 3, 4, 5,", max_tokens=40, **GREEDY).choices[0].text
+    # the first are served from the cache, so computed alike. The end-of-generation tokens are
+    # banned in all: the free reply runs its 40 tokens, so there is text to take a stop from.
+    kwargs = dict(model=model, prompt="1, 2, 3, 4, 5,", logit_bias=no_end, **GREEDY)
+    client.completions.create(max_tokens=1, **kwargs)
+    free = client.completions.create(max_tokens=40, **kwargs).choices[0].text
     stop = free[len(free) // 2:][:4]
     assert stop.strip(), f"nothing to stop at in {free!r}"
-    reply = client.completions.create(model=model, prompt="1, 2, 3, 4, 5,", max_tokens=40, stop=stop, **GREEDY)
+    reply = client.completions.create(max_tokens=40, stop=stop, **kwargs)
     assert reply.choices[0].finish_reason == "stop" and reply.choices[0].text == free[:free.index(stop)], (free, stop)
-    streamed = client.completions.create(model=model, prompt="1, 2, 3, 4, 5,", max_tokens=40, stop=[stop], stream=True,
-                                         **GREEDY)
+    streamed = client.completions.create(max_tokens=40, stop=[stop], stream=True, **kwargs)
     assert "".join(c.choices[0].text for c in streamed if c.choices) == reply.choices[0].text
 
 
@@ -174,15 +184,18 @@ def test_a_json_schema_reply_validates(client: openai.OpenAI, model: str) -> Non
     assert isinstance(json.loads(obj.choices[0].message.content), dict)
 
 
-def test_penalties_and_seed_are_honoured(client: openai.OpenAI, model: str) -> None:
+def test_penalties_and_seed_are_honoured(client: openai.OpenAI, model: str, no_end) -> None:
     kwargs = dict(model=model, messages=ask("Say anything."), max_tokens=16, temperature=0.9, seed=42)
     client.chat.completions.create(**{**kwargs, "max_tokens": 1})  # cached: the two below are computed alike
     a = client.chat.completions.create(**kwargs, frequency_penalty=1.5, presence_penalty=1.0)
     b = client.chat.completions.create(**kwargs, frequency_penalty=1.5, presence_penalty=1.0)
     assert a.choices[0].message.content == b.choices[0].message.content  # same seed, same text
-    plain = client.chat.completions.create(model=model, messages=ask("Count: one one one one"), max_tokens=24, **GREEDY)
+    # The end-of-generation tokens banned: 24 tokens each, for the penalty to act on (two replies
+    # that both ended at once would be the same).
+    plain = client.chat.completions.create(model=model, messages=ask("Count: one one one one"), max_tokens=24,
+                                           logit_bias=no_end, **GREEDY)
     penalized = client.chat.completions.create(model=model, messages=ask("Count: one one one one"), max_tokens=24,
-                                               frequency_penalty=2.0, **GREEDY)
+                                               frequency_penalty=2.0, logit_bias=no_end, **GREEDY)
     assert plain.choices[0].message.content != penalized.choices[0].message.content
 
 
@@ -239,8 +252,9 @@ def _status(api: RunningDaemon):
         return c.status()
 
 
-def test_a_client_disconnecting_mid_stream_cancels_its_request(api: RunningDaemon, base: str) -> None:
-    body = {"prompt": LONG_PROMPT, "max_tokens": 2000, "stream": True, **GREEDY}
+def test_a_client_disconnecting_mid_stream_cancels_its_request(api: RunningDaemon, base: str, no_end) -> None:
+    # No end-of-generation token: the request is still running when its client goes.
+    body = {"prompt": LONG_PROMPT, "max_tokens": 2000, "stream": True, "logit_bias": no_end, **GREEDY}
     with httpx.stream("POST", base + "/v1/completions", json=body, timeout=60,
                       headers={"Authorization": f"Bearer {api.token}"}) as r:
         events = r.iter_lines()
@@ -253,11 +267,12 @@ def test_a_client_disconnecting_mid_stream_cancels_its_request(api: RunningDaemo
     assert _status(api).throughput.requests_active == 0
 
 
-def test_a_client_killed_while_waiting_for_a_whole_reply_cancels_it(api: RunningDaemon, base: str) -> None:
-    script = ("import sys, httpx; httpx.post(sys.argv[1] + '/v1/completions', timeout=60, "
+def test_a_client_killed_while_waiting_for_a_whole_reply_cancels_it(api: RunningDaemon, base: str, no_end) -> None:
+    # No end-of-generation token: the request is still running when its client is killed.
+    script = ("import json, sys, httpx; httpx.post(sys.argv[1] + '/v1/completions', timeout=60, "
               "headers={'Authorization': 'Bearer ' + sys.argv[2]}, "
-              "json={'prompt': sys.argv[3], 'max_tokens': 2000, 'temperature': 0})")
-    victim = subprocess.Popen([sys.executable, "-c", script, base, api.token, LONG_PROMPT])
+              "json={'prompt': sys.argv[3], 'max_tokens': 2000, 'temperature': 0, 'logit_bias': json.loads(sys.argv[4])})")
+    victim = subprocess.Popen([sys.executable, "-c", script, base, api.token, LONG_PROMPT, json.dumps(no_end)])
     try:
         deadline = time.monotonic() + 30
         while _status(api).throughput.requests_active == 0 and time.monotonic() < deadline:
@@ -300,7 +315,7 @@ def test_a_tool_call_parses_and_names_a_declared_function(client: openai.OpenAI,
     assert named.choices[0].message.tool_calls[0].function.name == "flee"
 
 
-def test_a_streamed_tool_call_comes_as_deltas_and_a_tool_result_continues(client: openai.OpenAI, model: str) -> None:
+def test_a_streamed_tool_call_comes_as_deltas_and_a_tool_result_continues(client: openai.OpenAI, model: str, no_end) -> None:
     messages = [{"role": "user", "content": "An orc attacks the gate! Fight it."}]
     stream = client.chat.completions.create(model=model, messages=messages, tools=TOOLS, tool_choice="required",
                                             max_tokens=60, stream=True, **GREEDY)
@@ -312,8 +327,9 @@ def test_a_streamed_tool_call_comes_as_deltas_and_a_tool_result_continues(client
     messages += [{"role": "assistant", "content": None, "tool_calls": [{"id": calls[0].id, "type": "function",
                   "function": {"name": calls[0].function.name, "arguments": arguments}}]},
                  {"role": "tool", "tool_call_id": calls[0].id, "content": "The orc is defeated."}]
+    # Words (no grammar under "none"), and some: the end-of-generation tokens are banned.
     after = client.chat.completions.create(model=model, messages=messages, tools=TOOLS, tool_choice="none",
-                                           max_tokens=30, **GREEDY)
+                                           max_tokens=30, logit_bias=no_end, **GREEDY)
     assert after.choices[0].finish_reason in ("stop", "length") and after.choices[0].message.content.strip()
     auto = client.chat.completions.create(model=model, messages=messages, tools=TOOLS, max_tokens=60, **GREEDY)
     message = auto.choices[0].message
@@ -370,7 +386,7 @@ def test_an_npc_s_tool_turns_in_a_session_come_from_the_cache(client: openai.Ope
     client.delete(f"/sessions/{session['X-Session-Id']}", cast_to=httpx.Response)
 
 
-def test_a_schema_that_crashed_the_daemon_and_a_flood_of_messages_are_400(client: openai.OpenAI, model: str) -> None:
+def test_a_schema_that_crashed_the_daemon_and_a_flood_of_messages_are_400(client: openai.OpenAI, model: str, no_end) -> None:
     """Issue 29 (1, 3), as an outside client met them: a response_format whose maxLength compiles
     to a grammar 20,000 groups deep (a segfault: every session lost), a tool whose parameters did
     the same at 30,000, and 25,000 messages of "hi" under the body limit (an 8.6 s stall)."""
@@ -388,7 +404,7 @@ def test_a_schema_that_crashed_the_daemon_and_a_flood_of_messages_are_400(client
                          headers={"Authorization": f"Bearer {client.api_key}", "Content-Type": "application/json"})
     print(f"25,000 messages ({len(flood)} bytes) refused in {time.monotonic() - started:.2f} s")
     assert refused.status_code == 400 and "messages" in refused.json()["error"]["message"], refused.text
-    reply = client.chat.completions.create(model=model, messages=ask("Hi"), max_tokens=2, **GREEDY)
+    reply = client.chat.completions.create(model=model, messages=ask("Hi"), max_tokens=2, logit_bias=no_end, **GREEDY)
     assert reply.usage.completion_tokens >= 1  # the daemon is still up
 
 

@@ -22,6 +22,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from conftest import RunningDaemon, start_daemon, stop_daemon
+from no_early_stop import http_bias, http_eog_ids
 from openai_http_support import http_base
 from sidecar.api import pb
 from sidecar.service import tool_calls
@@ -85,10 +86,11 @@ def auth(api: RunningDaemon, **headers: str) -> dict[str, str]:
 
 @slow
 def test_every_route_is_served_without_v1_too(api: RunningDaemon, base: str, model: str) -> None:
+    no_end = http_bias(http_eog_ids(base, api.token))  # the reply has a token, whatever the model says
     with openai.OpenAI(base_url=base, api_key=api.token, max_retries=0, timeout=120) as bare:
         assert [m.id for m in bare.models.list().data] == [model]
         assert bare.models.retrieve(model).id == model
-        reply = bare.chat.completions.create(model=model, messages=ask("Hi"), max_tokens=2, user="no-v1")
+        reply = bare.chat.completions.create(model=model, messages=ask("Hi"), max_tokens=2, user="no-v1", logit_bias=no_end)
         assert reply.choices[0].message.role == "assistant" and reply.usage.completion_tokens >= 1
         streamed = list(bare.chat.completions.create(model=model, messages=ask("Hi"), max_tokens=2, stream=True))
         assert streamed[0].choices[0].delta.role == "assistant"

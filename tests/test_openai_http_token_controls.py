@@ -15,6 +15,7 @@ import openai
 import pytest
 
 from conftest import RunningDaemon, start_daemon, stop_daemon
+from no_early_stop import http_bias, http_eog_ids
 from openai_http_support import http_base
 
 GREEDY = {"temperature": 0.0}
@@ -41,6 +42,12 @@ def client(api: RunningDaemon, base: str) -> openai.OpenAI:
 
 
 @pytest.fixture(scope="module")
+def no_end(api: RunningDaemon, base: str) -> dict[str, float]:
+    """logit_bias banning the end-of-generation tokens: a reply with tokens to check, surely."""
+    return http_bias(http_eog_ids(base, api.token))
+
+
+@pytest.fixture(scope="module")
 def raw(api: RunningDaemon, base: str) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {api.token}"}, timeout=120) as c:
         yield c
@@ -57,9 +64,9 @@ def test_n_candidates_come_as_choices_from_one_prefill(client: openai.OpenAI, ap
     assert reply.usage.prompt_tokens > 50 and computed <= reply.usage.prompt_tokens + 4, computed
 
 
-def test_n_candidates_stream_interleaved_by_index(client: openai.OpenAI) -> None:
+def test_n_candidates_stream_interleaved_by_index(client: openai.OpenAI, no_end) -> None:
     stream = client.chat.completions.create(model="x", messages=ASK, n=3, max_tokens=8, temperature=1.0, stream=True,
-                                            stream_options={"include_usage": True})
+                                            stream_options={"include_usage": True}, logit_bias=no_end)
     texts, finished, usage = {}, set(), None
     for chunk in stream:
         if chunk.usage is not None:
@@ -77,8 +84,9 @@ def test_n_above_16_is_a_clear_400(client: openai.OpenAI) -> None:
         client.chat.completions.create(model="x", messages=ASK, n=17)
 
 
-def test_chat_logprobs_match_the_tokens(client: openai.OpenAI) -> None:
-    reply = client.chat.completions.create(model="x", messages=ASK, max_tokens=8, logprobs=True, top_logprobs=3, **GREEDY)
+def test_chat_logprobs_match_the_tokens(client: openai.OpenAI, no_end) -> None:
+    reply = client.chat.completions.create(model="x", messages=ASK, max_tokens=8, logprobs=True, top_logprobs=3,
+                                           logit_bias=no_end, **GREEDY)
     content = reply.choices[0].logprobs.content
     assert len(content) == reply.usage.completion_tokens
     assert "".join(bytes(e.bytes).decode("utf-8", "replace") for e in content) == reply.choices[0].message.content
@@ -86,25 +94,28 @@ def test_chat_logprobs_match_the_tokens(client: openai.OpenAI) -> None:
         assert e.logprob <= 0 and len(e.top_logprobs) == 3
         assert e.top_logprobs[0].logprob >= e.top_logprobs[-1].logprob
         assert sum(math.exp(t.logprob) for t in e.top_logprobs) <= 1.0001
-    streamed = client.chat.completions.create(model="x", messages=ASK, max_tokens=8, logprobs=True, stream=True, **GREEDY)
+    streamed = client.chat.completions.create(model="x", messages=ASK, max_tokens=8, logprobs=True, stream=True,
+                                              logit_bias=no_end, **GREEDY)
     entries = [e for chunk in streamed for c in chunk.choices if c.logprobs and c.logprobs.content for e in c.logprobs.content]
     assert len(entries) == len(content)
 
 
-def test_completion_logprobs_in_the_legacy_shape(client: openai.OpenAI) -> None:
-    reply = client.completions.create(model="x", prompt="The blacksmith said", max_tokens=6, logprobs=2, **GREEDY)
+def test_completion_logprobs_in_the_legacy_shape(client: openai.OpenAI, no_end) -> None:
+    reply = client.completions.create(model="x", prompt="The blacksmith said", max_tokens=6, logprobs=2, logit_bias=no_end,
+                                      **GREEDY)
     lp = reply.choices[0].logprobs
     assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == reply.usage.completion_tokens
     assert lp.text_offset == sorted(lp.text_offset) and all(len(t) <= 2 for t in lp.top_logprobs)
 
 
-def test_logit_bias_bans_a_token(client: openai.OpenAI, raw: httpx.Client) -> None:
-    first = client.chat.completions.create(model="x", messages=ASK, max_tokens=4, logprobs=True, **GREEDY)
+def test_logit_bias_bans_a_token(client: openai.OpenAI, raw: httpx.Client, no_end) -> None:
+    # Both replies have a first token to compare: the end-of-generation tokens are banned too.
+    first = client.chat.completions.create(model="x", messages=ASK, max_tokens=4, logprobs=True, logit_bias=no_end, **GREEDY)
     token = bytes(first.choices[0].logprobs.content[0].bytes).decode()
     ids = raw.post("/tokenize", json={"content": token, "parse_special": False}).json()["tokens"]
     assert len(ids) == 1
     banned = client.chat.completions.create(model="x", messages=ASK, max_tokens=4, logprobs=True,
-                                            logit_bias={str(ids[0]): -100}, **GREEDY)
+                                            logit_bias={**no_end, str(ids[0]): -100}, **GREEDY)
     assert bytes(banned.choices[0].logprobs.content[0].bytes).decode() != token
     for bias in ({"not-a-token": 1}, {str(ids[0]): 500}, {"999999999": 1}):
         with pytest.raises(openai.BadRequestError):

@@ -15,6 +15,7 @@ import pytest
 from PIL import Image
 
 from conftest import RunningDaemon, start_daemon, stop_daemon
+from no_early_stop import http_bias, http_eog_ids
 from openai_http_support import http_base
 from sidecar.testmodels import ensure_test_models
 
@@ -49,17 +50,21 @@ def question(url: str, text: str) -> dict:
 
 def test_an_image_question_answers_and_a_resent_image_is_not_encoded_again(client: openai.OpenAI,
                                                                            vision_api: RunningDaemon) -> None:
+    # The end-of-generation tokens banned: each reply says something (after a random projector's
+    # embeddings the model may well end at once).
+    no_end = http_bias(http_eog_ids(http_base(vision_api), vision_api.token))
     with vision_api.client(timeout_s=60) as grpc_client:
         encoded_before = grpc_client.status().vision.images_encoded
         messages = [{"role": "system", "content": "You describe screenshots."}, question(data_url(), "What is on the screen?")]
         first = client.chat.completions.create(model=client.models.list().data[0].id,
-                                               messages=messages, max_tokens=8, temperature=0, user="hud")
+                                               messages=messages, max_tokens=8, temperature=0, user="hud", logit_bias=no_end)
         assert first.choices[0].message.content.strip()
         assert first.usage.prompt_tokens > PROJECTOR_TOKENS
         assert grpc_client.status().vision.images_encoded == encoded_before + 1
         messages += [{"role": "assistant", "content": first.choices[0].message.content},
                      {"role": "user", "content": "And what colour is it?"}]
-        follow = client.chat.completions.create(model=first.model, messages=messages, max_tokens=6, temperature=0, user="hud")
+        follow = client.chat.completions.create(model=first.model, messages=messages, max_tokens=6, temperature=0, user="hud",
+                                                logit_bias=no_end)
         assert follow.choices[0].message.content.strip()
         assert grpc_client.status().vision.images_encoded == encoded_before + 1  # the image's KV was reused
         assert follow.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens

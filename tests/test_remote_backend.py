@@ -34,6 +34,8 @@ from sidecar.remote.backend import RemoteBackend, RemoteOptions
 from sidecar.remote.models import remote_model_facts
 from sidecar.remote.serve import _api_base
 
+from no_early_stop import file_eog_ids, grpc_sampling, http_bias
+
 KEY_ENV = "XLM_TEST_REMOTE_KEY"
 KEY = "remote-server-key-0123456789"
 
@@ -209,6 +211,14 @@ def remote_daemon(server: RemoteServer) -> Iterator[RunningDaemon]:
     assert stop_daemon(daemon) == 0
 
 
+@pytest.fixture(scope="module")
+def eog(smollm2_path: Path) -> tuple[int, ...]:
+    """The remote model's end-of-generation tokens (the server's model file: a remote-mode daemon
+    has no Tokenize), banned where a test needs a reply with tokens, or its whole length; the
+    daemon forwards logit_bias to the server as OpenAI's."""
+    return file_eog_ids(smollm2_path)
+
+
 def _chat(daemon: RunningDaemon, text: str, **kwargs: object) -> Reply:
     reply = Reply()
     kwargs.setdefault("sampling", pb.SamplingParams(temperature=0.0))
@@ -219,10 +229,10 @@ def _chat(daemon: RunningDaemon, text: str, **kwargs: object) -> Reply:
 
 
 @needs_server
-def test_reply_streams_through_the_daemon(remote_daemon: RunningDaemon, server: RemoteServer) -> None:
+def test_reply_streams_through_the_daemon(remote_daemon: RunningDaemon, server: RemoteServer, eog) -> None:
     listening = next(e for e in remote_daemon.log_lines if e["event"] == "listening")
     assert listening["backend"] == "remote" and listening["remote_url"] == server.url
-    reply = _chat(remote_daemon, "Name three colours.", max_tokens=24)
+    reply = _chat(remote_daemon, "Name three colours.", max_tokens=24, sampling=grpc_sampling(eog, temperature=0.0))
     words = reply.text.split()
     assert len(words) >= 3 and sum(c.isalpha() or c.isspace() for c in reply.text) > 0.7 * len(reply.text), reply.text
     assert reply.final is not None
@@ -256,7 +266,7 @@ def test_second_turn_carries_the_history(remote_daemon: RunningDaemon) -> None:
 
 
 @needs_server
-def test_the_openai_api_is_served_in_remote_mode_too(remote_daemon: RunningDaemon, server: RemoteServer) -> None:
+def test_the_openai_api_is_served_in_remote_mode_too(remote_daemon: RunningDaemon, server: RemoteServer, eog) -> None:
     """A plugin that speaks OpenAI's protocol works against a remote-mode daemon as against a local
     one: the official client, the daemon's token, its sessions (the server is never given them)."""
     import openai
@@ -273,8 +283,10 @@ def test_the_openai_api_is_served_in_remote_mode_too(remote_daemon: RunningDaemo
                                            extra_headers={"X-Session-Id": "http-aria"})
     conversation += [{"role": "assistant", "content": first.choices[0].message.content},
                      {"role": "user", "content": "What is my name?"}]
+    # The end-of-generation tokens banned: the second turn says something, whatever the model would.
     chunks = client.chat.completions.create(model=model, messages=conversation, max_tokens=20, temperature=0,
-                                            stream=True, extra_headers={"X-Session-Id": "http-aria"})
+                                            stream=True, extra_headers={"X-Session-Id": "http-aria"},
+                                            logit_bias=http_bias(eog))
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text.strip(), text  # what it says differs by CPU; the session is checked below
     with remote_daemon.client(timeout_s=30) as grpc_client:
@@ -282,29 +294,35 @@ def test_the_openai_api_is_served_in_remote_mode_too(remote_daemon: RunningDaemo
         assert grpc_client.end_session("http-aria") > 0
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=http_base(remote_daemon) + "/v1", api_key=KEY, max_retries=0).models.list()
-    with pytest.raises(openai.BadRequestError):
-        client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}], n=2)
+    # Candidates are forwarded as that many requests; what only a local model gives is refused by name.
+    two = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}], n=2, max_tokens=4)
+    assert [c.index for c in two.choices] == [0, 1]
+    with pytest.raises(openai.BadRequestError, match="remote mode"):
+        client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}], logprobs=True)
 
 
 @needs_server
-def test_stop_string_is_cut_by_the_daemon(remote_daemon: RunningDaemon) -> None:
+def test_stop_string_is_cut_by_the_daemon(remote_daemon: RunningDaemon, eog) -> None:
     prompt = "Tell me about the sea."
     # The server keeps the last prompt's KV: after a first call, the two compared are computed alike.
-    _chat(remote_daemon, prompt, max_tokens=1)
-    whole = _chat(remote_daemon, prompt, max_tokens=30)
+    # The end-of-generation tokens are banned in all three: the whole reply runs its 30 tokens.
+    no_end = grpc_sampling(eog, temperature=0.0)
+    _chat(remote_daemon, prompt, max_tokens=1, sampling=no_end)
+    whole = _chat(remote_daemon, prompt, max_tokens=30, sampling=no_end)
     assert len(whole.text) >= 24, whole.text
     # Greedy decoding repeats the same reply, so a piece from its middle, likely spanning two
     # chunks, must end it right before that piece's first appearance.
     stop = whole.text[12:20]
-    cut = _chat(remote_daemon, prompt, max_tokens=30, stop=[stop])
+    cut = _chat(remote_daemon, prompt, max_tokens=30, stop=[stop], sampling=no_end)
     assert cut.final.finish_reason == pb.FINISH_REASON_STOP_STRING
     assert cut.text == whole.text[: whole.text.index(stop)]
 
 
 @needs_server
-def test_cancel_ends_the_call_and_frees_the_daemon(remote_daemon: RunningDaemon) -> None:
+def test_cancel_ends_the_call_and_frees_the_daemon(remote_daemon: RunningDaemon, eog) -> None:
     with remote_daemon.client(timeout_s=60) as client:
-        stream = client.generate(pb.GenerateRequest(prompt="Once upon a time", max_tokens=400))
+        # No end-of-generation token: the first chunk has text, and the call still runs when cancelled.
+        stream = client.generate(pb.GenerateRequest(prompt="Once upon a time", max_tokens=400, sampling=grpc_sampling(eog)))
         first = next(stream)
         assert first.text
         stream.close()  # cancels the call
@@ -446,12 +464,13 @@ def test_refused_key_is_failed_precondition(server: RemoteServer) -> None:
 
 
 @needs_server
-def test_server_killed_mid_reply_is_unavailable_and_the_daemon_stays_up(smollm2_path: Path) -> None:
+def test_server_killed_mid_reply_is_unavailable_and_the_daemon_stays_up(smollm2_path: Path, eog) -> None:
     doomed = RemoteServer(smollm2_path)
     daemon = start_daemon("--remote-url", doomed.url, timeout_s=60)
     try:
         with daemon.client(timeout_s=60) as client:
-            stream = client.generate(pb.GenerateRequest(prompt="Once upon a time", max_tokens=400))
+            # No end-of-generation token: the reply is still streaming when its server dies.
+            stream = client.generate(pb.GenerateRequest(prompt="Once upon a time", max_tokens=400, sampling=grpc_sampling(eog)))
             assert next(stream).text
             doomed.stop()
             with pytest.raises(grpc.RpcError) as e:

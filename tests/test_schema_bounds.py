@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import RunningDaemon, start_daemon, stop_daemon
+from no_early_stop import grpc_sampling
 from run_summary import record_tally
 from sidecar.api import pb
 from sidecar.errors import InvalidArgument
@@ -118,7 +119,7 @@ def _code(client, request: pb.GenerateRequest) -> str:
     return "OK"
 
 
-def test_the_crashers_are_invalid_argument_on_grpc_and_the_daemon_stays_up(client) -> None:
+def test_the_crashers_are_invalid_argument_on_grpc_and_the_daemon_stays_up(client, eog) -> None:
     ask = pb.ChatMessages(messages=[pb.ChatMessage(role="user", content="Act.")])
     for name, schema in CRASHERS.items():
         request = pb.GenerateRequest(messages=ask, json_schema=json.dumps(schema), max_tokens=2)
@@ -133,7 +134,9 @@ def test_the_crashers_are_invalid_argument_on_grpc_and_the_daemon_stays_up(clien
     started = time.perf_counter()
     assert _code(client, enum) == "INVALID_ARGUMENT"
     print(f"a 200,000-value enum refused in {time.perf_counter() - started:.2f} s (was 167 s to compile)")
-    assert client.complete(pb.GenerateRequest(prompt="Hello", max_tokens=2)).final.usage.completion_tokens >= 1
+    # The end-of-generation tokens banned: the reply has a token, whatever the model says.
+    after = pb.GenerateRequest(prompt="Hello", max_tokens=2, sampling=grpc_sampling(eog))
+    assert client.complete(after).final.usage.completion_tokens >= 1
 
 
 # -- the schema fuzz target -------------------------------------------------------------------------

@@ -23,6 +23,11 @@ from websockets.sync.client import connect
 from sidecar.api import pb
 from sidecar.client import RETRY_POLICY, SidecarClient
 from tests.conftest import start_daemon, stop_daemon
+from no_early_stop import default_eog_ids, grpc_sampling
+
+# The default model's end-of-generation tokens banned: a reply asked for while the model loads
+# says something once it is in, whatever the model would say (the daemons here serve the default).
+NO_END = grpc_sampling(default_eog_ids())
 
 
 def _health(address: str) -> int:
@@ -74,7 +79,8 @@ def test_listens_before_the_model_is_loaded_then_becomes_ready(held) -> None:
         watcher = threading.Thread(target=follow, daemon=True)
         watcher.start()
         answer: list[str] = []
-        asker = threading.Thread(target=lambda: answer.extend(client.chat("Say hello.", max_tokens=8)), daemon=True)
+        asker = threading.Thread(target=lambda: answer.extend(client.chat("Say hello.", max_tokens=8, sampling=NO_END)),
+                                 daemon=True)
         asker.start()
         time.sleep(1.0)
         assert not answer, "nothing may be generated before the model is loaded"
@@ -207,7 +213,7 @@ def test_a_call_made_while_a_long_load_runs_is_answered_once_the_model_is_in(hel
         with SidecarClient(relay.address, token=daemon.token, timeout_s=120) as client:
             threading.Timer(3.0, release.touch).start()
             answer: list[str] = []
-            error, attempts, took = _attempts(relay, lambda: answer.extend(client.chat("Say hello.", max_tokens=8)))
+            error, attempts, took = _attempts(relay, lambda: answer.extend(client.chat("Say hello.", max_tokens=8, sampling=NO_END)))
             assert error is None, error
             assert "".join(answer).strip()
             # 5 attempts inside gRPC, 1 health watch, 1 last call.

@@ -16,6 +16,8 @@ from sidecar.backend.requests import TextDelta
 from sidecar.engine import Engine, EngineConfig, Finished, GenerationSpec, Prompt, SamplingConfig
 from sidecar.errors import InvalidArgument, SidecarError
 
+from no_early_stop import engine_bias, engine_eog_ids, engine_sampling
+
 GREEDY = SamplingConfig(temperature=0.0, repeat_penalty=1.0)
 
 
@@ -63,9 +65,11 @@ ASK = Prompt(messages=(("user", "Say hello to the blacksmith in one sentence."),
 
 
 def test_a_banned_token_never_appears_and_the_reply_goes_on_without_it(engine: Engine) -> None:
-    deltas, _ = run(engine, GenerationSpec(prompt=ASK, sampling=GREEDY, max_tokens=8))
+    # The end-of-generation tokens banned in both: each reply has tokens, whatever the model says.
+    eog = engine_eog_ids(engine)
+    deltas, _ = run(engine, GenerationSpec(prompt=ASK, sampling=engine_sampling(GREEDY, eog), max_tokens=8))
     first = tokens_of(deltas)[0]
-    biased = SamplingConfig(temperature=0.0, repeat_penalty=1.0, logit_bias=((first, -100.0),))
+    biased = SamplingConfig(temperature=0.0, repeat_penalty=1.0, logit_bias=tuple(sorted(engine_bias(eog) + ((first, -100.0),))))
     deltas, final = run(engine, GenerationSpec(prompt=ASK, sampling=biased, max_tokens=8))
     assert first not in tokens_of(deltas) and final.usage.completion_tokens > 0
 

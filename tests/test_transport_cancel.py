@@ -15,14 +15,19 @@ import pytest
 from conftest import RunningDaemon, start_daemon, stop_daemon
 from sidecar.api import pb
 from test_transport_websocket import COUNTING, LONG_PROMPT, ONE_THREAD, BridgeClient
+from no_early_stop import default_eog_ids, grpc_sampling, http_bias
 
-LONG = pb.GenerateRequest(prompt=LONG_PROMPT, max_tokens=2000, sampling=pb.SamplingParams(temperature=0))
+# The default model's end-of-generation tokens banned (no_early_stop.py): every call here is
+# still running when its client goes or cancels, whatever the model would say.
+NO_END = http_bias(default_eog_ids())
+LONG = pb.GenerateRequest(prompt=LONG_PROMPT, max_tokens=2000, sampling=grpc_sampling(default_eog_ids(), temperature=0))
 
 GRPC_CLIENT = """
-import sys
+import json, sys
 from sidecar.api import pb
 from sidecar.client import SidecarClient
-request = pb.GenerateRequest(prompt=sys.argv[3], max_tokens=2000, sampling=pb.SamplingParams(temperature=0))
+bias = {int(t): b for t, b in json.loads(sys.argv[4]).items()}
+request = pb.GenerateRequest(prompt=sys.argv[3], max_tokens=2000, sampling=pb.SamplingParams(temperature=0, logit_bias=bias))
 for chunk in SidecarClient(sys.argv[1], token=sys.argv[2]).generate(request):
     print("streaming", flush=True)
 """
@@ -31,7 +36,8 @@ WS_CLIENT = """
 import json, sys
 from websockets.sync.client import connect
 with connect(sys.argv[1], additional_headers={"Authorization": "Bearer " + sys.argv[2]}) as ws:
-    ws.send(json.dumps({"id": 1, "method": "Generate", "request": {"prompt": sys.argv[3], "maxTokens": 2000}}))
+    request = {"prompt": sys.argv[3], "maxTokens": 2000, "sampling": {"logitBias": json.loads(sys.argv[4])}}
+    ws.send(json.dumps({"id": 1, "method": "Generate", "request": request}))
     while True:
         ws.recv()
         print("streaming", flush=True)
@@ -60,7 +66,7 @@ def wait_until_idle(client, timeout_s: float = 30.0) -> pb.Status:
 def test_a_client_killed_mid_stream_frees_its_sequence(daemon_: RunningDaemon, transport: str) -> None:
     script, address = (GRPC_CLIENT, daemon_.address) if transport == "grpc" else (WS_CLIENT, daemon_.ws_address)
     victim = subprocess.Popen(
-        [sys.executable, "-c", script, address, daemon_.token, LONG_PROMPT], stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", script, address, daemon_.token, LONG_PROMPT, json.dumps(NO_END)], stdout=subprocess.PIPE, text=True
     )
     try:
         assert victim.stdout.readline().strip() == "streaming"

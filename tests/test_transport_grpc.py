@@ -19,6 +19,11 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from conftest import RunningDaemon, start_daemon, stop_daemon
 from sidecar.api import pb
 from test_transport_websocket import LONG_PROMPT, ONE_THREAD
+from no_early_stop import default_eog_ids, grpc_sampling
+
+# Greedy with the default model's end-of-generation tokens banned: a reply runs to its max_tokens
+# (a stream still runs while a test acts, a deadline passes first), whatever the model would say.
+NO_END = grpc_sampling(default_eog_ids(), temperature=0)
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +60,7 @@ def test_reflection_lists_the_services_to_token_holders(daemon_: RunningDaemon) 
 
 def test_a_passed_deadline_ends_the_stream_and_frees_its_sequence(daemon_: RunningDaemon) -> None:
     with daemon_.client(timeout_s=0.5) as hurried, pytest.raises(grpc.RpcError) as e:
-        hurried.complete(pb.GenerateRequest(prompt=LONG_PROMPT, max_tokens=1000, sampling=pb.SamplingParams(temperature=0)))
+        hurried.complete(pb.GenerateRequest(prompt=LONG_PROMPT, max_tokens=1000, sampling=NO_END))
     assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     with daemon_.client(timeout_s=60) as client:
         assert wait_until_idle(client).throughput.requests_active == 0
@@ -98,7 +103,7 @@ def longest_gap_while(daemon: RunningDaemon, action) -> tuple[float, object]:
 
     def stream() -> None:
         with daemon.client(timeout_s=120) as c:
-            for _ in c.generate(pb.GenerateRequest(prompt=LONG_PROMPT, max_tokens=400, sampling=pb.SamplingParams(temperature=0))):
+            for _ in c.generate(pb.GenerateRequest(prompt=LONG_PROMPT, max_tokens=400, sampling=NO_END)):
                 arrivals.append(time.monotonic())
                 started.set()
 
@@ -229,7 +234,7 @@ def test_unix_socket_is_owner_only_serves_and_keeps_a_second_daemon_out(socket_d
         with running.client(timeout_s=60, token_file=token_file) as client:
             status = client.status()
             assert status.listen_addresses == [f"unix:{path}"]
-            assert client.complete(pb.GenerateRequest(prompt="Hello", max_tokens=2, sampling=pb.SamplingParams(temperature=0))).final.usage.completion_tokens == 2
+            assert client.complete(pb.GenerateRequest(prompt="Hello", max_tokens=2, sampling=NO_END)).final.usage.completion_tokens == 2
         second = subprocess.run(
             [sys.executable, "-m", "sidecar", "serve", "--socket", str(path), "--log-format", "json"],
             capture_output=True, text=True, timeout=120, env={**os.environ, "XLM_SIDECAR_RUNTIME_DIR": str(socket_dir / "run")},

@@ -13,17 +13,21 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
 from conftest import RunningDaemon, start_daemon, stop_daemon
+from no_early_stop import default_eog_ids, http_bias
 
 TERMINAL = ("end", "result", "error")
 # Test daemons decode with one thread: on a small machine shared with other work, llama.cpp's
 # threads spin-waiting for each other can slow decoding a hundredfold, and these tests are about
 # the transports, not speed.
 ONE_THREAD = ("--threads", "1")
-# Greedy without a repeat penalty, SmolLM2 goes on counting for hundreds of tokens (checked on
-# the native and the second build: 512 of 512, no end), so a call is surely still running when a
-# test cancels it or sends SIGTERM. (With the default penalty of 1.1 it stops after about 35.)
+# A call that is surely still running when a test cancels it or sends SIGTERM: the model's
+# end-of-generation tokens banned (no_early_stop.py), it runs to max_tokens whatever it would say.
+# (Greedy without a repeat penalty SmolLM2 also goes on counting here for hundreds of tokens on
+# the CPUs tried, but that is a prediction, and another CPU's kernels may round to an end.)
+# Every daemon these tests start serves the default model, so its ids are the ones to ban.
 LONG_PROMPT = "Here is a very long list of every number from 1 to 1000:\n1\n2\n3\n"
-COUNTING = {"prompt": LONG_PROMPT, "sampling": {"temperature": 0, "repeatPenalty": 1}}
+NO_END = http_bias(default_eog_ids())  # SamplingParams.logitBias in the JSON mapping
+COUNTING = {"prompt": LONG_PROMPT, "sampling": {"temperature": 0, "repeatPenalty": 1, "logitBias": NO_END}}
 
 
 class BridgeClient:
@@ -112,7 +116,9 @@ def test_listening_line_names_the_bridge(bridge_daemon: RunningDaemon) -> None:
 
 
 def test_generate_streams_chunks_then_end(bridge: BridgeClient) -> None:
-    frames = bridge.call("Generate", {"prompt": "The three primary colors are", "maxTokens": 6, "sampling": {"temperature": 0}})
+    # No end-of-generation token: the reply runs its 6 tokens.
+    frames = bridge.call("Generate", {"prompt": "The three primary colors are", "maxTokens": 6,
+                                      "sampling": {"temperature": 0, "logitBias": NO_END}})
     chunks = [f["chunk"] for f in frames if "chunk" in f]
     assert frames[-1] == {"id": "c", "end": True}
     final = chunks[-1]["final"]

@@ -19,6 +19,7 @@ import pytest
 from PIL import Image
 
 from conftest import start_daemon, stop_daemon
+from no_early_stop import grpc_eog_ids, grpc_sampling
 from sidecar.api import pb
 from sidecar.engine.image_encodes import split_threads
 
@@ -43,6 +44,13 @@ def beside_daemon(tmp_path_factory: pytest.TempPathFactory):
     stop_daemon(running)
 
 
+@pytest.fixture(scope="module")
+def no_end(beside_daemon) -> pb.SamplingParams:
+    """Greedy with the end-of-generation tokens banned: a reply runs its whole max_tokens."""
+    with beside_daemon.client(timeout_s=120) as c:
+        return grpc_sampling(grpc_eog_ids(c), temperature=0.0)
+
+
 def _workers(daemon) -> list[psutil.Process]:
     found = []
     for child in psutil.Process(daemon.process.pid).children(recursive=True):
@@ -65,17 +73,19 @@ def _wait_for_worker(daemon, timeout_s: float = 60.0) -> psutil.Process:
 
 
 class Stream(threading.Thread):
-    """One long Generate stream, recording when each chunk arrived."""
+    """One long Generate stream, recording when each chunk arrived. `sampling` bans the
+    end-of-generation tokens: the stream is surely still running while the screenshot encodes."""
 
-    def __init__(self, client) -> None:
+    def __init__(self, client, sampling: pb.SamplingParams) -> None:
         super().__init__(daemon=True)
         self._client = client
+        self._sampling = sampling
         self.arrivals: list[float] = []
         self.final = None
 
     def run(self) -> None:
         request = pb.GenerateRequest(messages=pb.ChatMessages(messages=[pb.ChatMessage(role="user", content=STORY)]),
-                                     max_tokens=1500, sampling=GREEDY)
+                                     max_tokens=1500, sampling=self._sampling)
         for chunk in self._client.generate(request):
             self.arrivals.append(time.perf_counter())
             if chunk.HasField("final"):
@@ -92,10 +102,10 @@ def test_the_thread_split_never_runs_more_threads_than_the_cap() -> None:
     assert split_threads(1, 1, decoding=True).encoder == 1  # one thread: they can only take turns
 
 
-def test_other_conversations_keep_streaming_while_a_screenshot_is_encoded(beside_daemon) -> None:
+def test_other_conversations_keep_streaming_while_a_screenshot_is_encoded(beside_daemon, no_end) -> None:
     _wait_for_worker(beside_daemon)
     with beside_daemon.client(timeout_s=300) as client:
-        stream = Stream(client)
+        stream = Stream(client, no_end)
         stream.start()
         while len(stream.arrivals) < 5:
             time.sleep(0.02)
@@ -145,7 +155,7 @@ def test_a_cancelled_screenshot_question_stops_its_encode_at_once(beside_daemon)
     assert final.image.image_tokens > 0 and final.finish_reason in (pb.FINISH_REASON_LENGTH, pb.FINISH_REASON_STOP)
 
 
-def test_a_vision_worker_that_dies_fails_only_its_own_question(beside_daemon) -> None:
+def test_a_vision_worker_that_dies_fails_only_its_own_question(beside_daemon, no_end) -> None:
     worker = _wait_for_worker(beside_daemon)
     with beside_daemon.client(timeout_s=300) as client:
         errors: list[grpc.RpcError] = []
@@ -165,7 +175,7 @@ def test_a_vision_worker_that_dies_fails_only_its_own_question(beside_daemon) ->
         worker.kill()  # as the OOM killer would
         asking.join(timeout=60)
         assert errors and errors[0].code() == grpc.StatusCode.INTERNAL and "vision worker" in errors[0].details()
-        assert "".join(client.chat("Say hello.", max_tokens=8, sampling=GREEDY)).strip()
+        assert "".join(client.chat("Say hello.", max_tokens=8, sampling=no_end)).strip()  # no end at once
         final = list(client.ask_image_stream(pb.AskImageRequest(
             image=pb.Image(encoded=screenshot_1440p(seed=4)), question="Again?", max_tokens=2,
             sampling=GREEDY)))[-1].final

@@ -20,6 +20,7 @@ from PIL import Image
 from sidecar.api import pb
 from sidecar.testmodels import ensure_test_models
 from conftest import start_daemon, stop_daemon
+from no_early_stop import grpc_eog_ids, grpc_sampling
 
 GREEDY = pb.SamplingParams(temperature=0.0)
 PROJECTOR_TOKENS = 16  # the generated projector: 64 px images, 8 px patches pooled 2x2
@@ -50,9 +51,17 @@ def vclient(vision_daemon):
         yield c
 
 
-def test_a_screenshot_question_streams_an_answer(vclient) -> None:
+@pytest.fixture(scope="module")
+def no_end(vision_daemon) -> pb.SamplingParams:
+    """Greedy with the end-of-generation tokens banned: a reply runs its whole max_tokens (after a
+    random projector's embeddings the model may well end at once)."""
+    with vision_daemon.client(timeout_s=120) as c:
+        return grpc_sampling(grpc_eog_ids(c), temperature=0.0)
+
+
+def test_a_screenshot_question_streams_an_answer(vclient, no_end) -> None:
     chunks = list(vclient.ask_image_stream(pb.AskImageRequest(
-        image=pb.Image(encoded=screenshot()), question="What is on the screen?", max_tokens=24, sampling=GREEDY,
+        image=pb.Image(encoded=screenshot()), question="What is on the screen?", max_tokens=24, sampling=no_end,
     )))
     assert len(chunks) >= 2 and "".join(c.text for c in chunks).strip()
     final = chunks[-1].final
@@ -64,11 +73,11 @@ def test_a_screenshot_question_streams_an_answer(vclient) -> None:
     assert final.usage.prompt_tokens > PROJECTOR_TOKENS
 
 
-def test_raw_render_texture_pixels_are_accepted(vclient) -> None:
+def test_raw_render_texture_pixels_are_accepted(vclient, no_end) -> None:
     w, h = 320, 180
     rgba = np.random.default_rng(3).integers(0, 255, (h, w, 4), dtype=np.uint8)
     raw = pb.RawImage(pixels=rgba.tobytes(), width=w, height=h, format=pb.PIXEL_FORMAT_RGBA8, bottom_up=True)
-    reply = vclient.ask_image("Describe the scene.", image=raw, max_tokens=8, sampling=GREEDY)
+    reply = vclient.ask_image("Describe the scene.", image=raw, max_tokens=8, sampling=no_end)
     assert reply.final.image.original_width == w and reply.final.usage.completion_tokens >= 1
 
 
@@ -114,12 +123,11 @@ def _bad_requests() -> list[tuple[str, pb.AskImageRequest]]:
     ]
 
 
-def test_bad_images_get_invalid_argument_while_another_conversation_goes_on(vclient) -> None:
+def test_bad_images_get_invalid_argument_while_another_conversation_goes_on(vclient, no_end) -> None:
     result: dict = {}
 
-    def talk() -> None:
-        result["reply"] = vclient.complete(pb.GenerateRequest(
-            prompt="Once upon a time", max_tokens=120, sampling=pb.SamplingParams(temperature=0.0, seed=1)))
+    def talk() -> None:  # no end-of-generation token: all 120 tokens, unless some were lost
+        result["reply"] = vclient.complete(pb.GenerateRequest(prompt="Once upon a time", max_tokens=120, sampling=no_end))
 
     talker = threading.Thread(target=talk)
     talker.start()

@@ -23,6 +23,7 @@ from websockets.sync.client import ClientConnection, connect
 
 from conftest import REPO, RunningDaemon, start_daemon, stop_daemon
 from godot_token_checks import by_candidate, check_token_controls, resolve
+from no_early_stop import grpc_eog_ids, http_bias
 from sidecar.api import pb
 from sidecar.errors import InvalidArgument
 from sidecar.service import json_frames, tool_calls, websocket_bridge
@@ -402,10 +403,29 @@ def check_await(reader: FrameReader, wait: dict, sent: dict | None = None, resul
         assert closed.value.rcvd is not None and closed.value.rcvd.code == wait["close_code"]
 
 
+def needs_the_whole_reply(wait: dict) -> bool:
+    """An await that holds only if its call's reply does not end early: a call left running (to be
+    cancelled next), or log probabilities to check (a reply of no tokens has none)."""
+    return wait.get("until") == "chunk" or "logprobs" in wait
+
+
+def without_an_early_end(frame: dict, eog: tuple[int, ...]) -> dict:
+    """The frame as the addon sends it, its request banning the model's end-of-generation tokens
+    besides any bias of its own (no_early_stop.py): the reply runs to maxTokens whatever the model
+    says. (Not the fixture's frame any more, but the same call: the static checks above read the
+    fixtures' frames as they are.)"""
+    request = frame["request"]
+    sampling = request.get("sampling", {})
+    bias = {**http_bias(eog), **sampling.get("logitBias", {})}
+    return {**frame, "request": {**request, "sampling": {**sampling, "logitBias": bias}}}
+
+
 def replay(daemon: RunningDaemon, fixture: dict) -> None:
     """Send each step's frames as the addon would (no Authorization header: Godot's WebSocketPeer
-    sends the token as the first frame), then check what comes back."""
+    sends the token as the first frame), then check what comes back. A Generate whose await needs
+    the whole reply bans the end-of-generation tokens (needs_the_whole_reply)."""
     token = fixture.get("token", daemon.token)
+    eog = None
     with connect(daemon.ws_address, open_timeout=30, max_size=None) as ws:
         reader = FrameReader(ws)
         sent: dict = {}
@@ -413,6 +433,11 @@ def replay(daemon: RunningDaemon, fixture: dict) -> None:
         for step in all_steps(fixture):
             for frame in step["sends"]:
                 frame = substitute(frame, token, results)
+                if frame.get("method") == "Generate" and needs_the_whole_reply(step["await"]):
+                    if eog is None:
+                        with daemon.client(timeout_s=60) as client:
+                            eog = grpc_eog_ids(client)
+                    frame = without_an_early_end(frame, eog)
                 ws.send(json.dumps(frame))
                 if "method" in frame:
                     sent[frame["id"]] = frame["request"]
@@ -421,7 +446,8 @@ def replay(daemon: RunningDaemon, fixture: dict) -> None:
 
 def replay_with_retries(daemon: RunningDaemon, fixture: dict, attempts: int = 3) -> None:
     """A cancel that crosses the call's end is legal but tests nothing: try again (rarely needed:
-    the cancelled reply is 2048 greedy tokens, far longer than a cancel takes to arrive)."""
+    the cancelled reply is 2048 greedy tokens, its end-of-generation tokens banned, far longer than
+    a cancel takes to arrive)."""
     for attempt in range(attempts):
         try:
             replay(daemon, fixture)

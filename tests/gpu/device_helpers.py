@@ -31,9 +31,13 @@ GREEDY = SamplingConfig(temperature=0.0, repeat_penalty=1.0)
 MIB = 1 << 20
 
 
-def greedy_reply(engine: Engine, text: str, max_tokens: int = 32) -> tuple[list[int], list[int]]:
-    """One greedy reply: the prompt's token ids as the engine built them, and the reply's."""
+def greedy_reply(engine: Engine, text: str, max_tokens: int = 32,
+                 banned: tuple[int, ...] = ()) -> tuple[list[int], list[int]]:
+    """One greedy reply: the prompt's token ids as the engine built them, and the reply's.
+    `banned`: token ids it may not choose (no_early_stop.py: the end-of-generation tokens, for a
+    reply of the whole max_tokens); score it with the same ban."""
     from greedy_agreement import engine_prompt_tokens
+    from no_early_stop import engine_sampling
 
     tokens: list[int] = []
     done = threading.Event()
@@ -46,7 +50,8 @@ def greedy_reply(engine: Engine, text: str, max_tokens: int = 32) -> tuple[list[
             result.append(event)
             done.set()
 
-    spec = GenerationSpec(prompt=Prompt(messages=(("user", text),)), sampling=GREEDY, max_tokens=max_tokens)
+    spec = GenerationSpec(prompt=Prompt(messages=(("user", text),)), sampling=engine_sampling(GREEDY, banned),
+                          max_tokens=max_tokens)
     prompt = engine_prompt_tokens(engine, spec)
     engine.submit(spec, sink)
     assert done.wait(300), "the engine never finished"

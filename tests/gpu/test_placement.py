@@ -21,6 +21,7 @@ from sidecar.settings import Settings
 
 from device_helpers import DEVICE_HARDWARE, MIB, greedy_reply, load_within, measured_placement
 from greedy_agreement import CpuReference, assert_greedy_agrees
+from no_early_stop import engine_eog_ids
 
 # From nothing on the device to everything on it; SmolLM2 is 98 MB of weights.
 BUDGETS = (0, 24 * MIB, 48 * MIB, 96 * MIB, 4096 * MIB)
@@ -69,8 +70,10 @@ def test_every_sub_layer_sits_where_the_plan_says(model_path: Path, budget: int,
         # The cache llama.cpp allocated is of the plan's type (a plan's Q8_0 once went unapplied).
         assert (report.kv_k_type, report.kv_v_type) == (schedule.kv_type, schedule.kv_type)
 
-        prompt, reply = greedy_reply(engine, QUESTION)
-        agreement = assert_greedy_agrees(cpu_reference, prompt, reply, f"the reply at {budget // MIB} MiB")
+        # The end-of-generation tokens banned (and in the reference): 32 tokens to compare, surely.
+        eog = engine_eog_ids(engine)
+        prompt, reply = greedy_reply(engine, QUESTION, banned=eog)
+        agreement = assert_greedy_agrees(cpu_reference, prompt, reply, f"the reply at {budget // MIB} MiB", banned=eog)
         print(f"{model_path.name} at {budget // MIB} MiB: {agreement.describe()}")
     finally:
         engine.close()
@@ -115,13 +118,14 @@ def test_the_agreement_check_catches_wrong_weights_on_the_device(smollm2_path: P
     engine = load_within(settings_for(wrong), Budget(4096 * MIB))
     try:
         assert engine.load_report.device_bytes(rpc_device) > 90 * MIB
-        prompt, reply = greedy_reply(engine, QUESTION)
+        eog = engine_eog_ids(engine)  # banned (and in both references): a whole reply to score
+        prompt, reply = greedy_reply(engine, QUESTION, banned=eog)
     finally:
         engine.close()
     with CpuReference(smollm2_path) as true_model:
-        caught = true_model.score(prompt, reply)
+        caught = true_model.score(prompt, reply, eog)
     with CpuReference(wrong) as same_weights:
-        honest = same_weights.score(prompt, reply)
+        honest = same_weights.score(prompt, reply, eog)
     print(f"wrong weights against the true model: {caught.describe()}; against their own file: {honest.describe()}")
     assert not caught.holds(), f"wrong weights passed the agreement check: {caught.describe()}"
     assert honest.holds(), f"the check failed a faithful run of the same weights: {honest.describe()}"

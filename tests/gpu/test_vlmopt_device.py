@@ -20,6 +20,7 @@ import psutil
 import pytest
 from conftest import RunningDaemon, start_daemon, stop_daemon
 from device_helpers import DEVICE_HARDWARE, MIB, require_rpc
+from no_early_stop import grpc_eog_ids, grpc_sampling
 from PIL import Image
 
 from sidecar.api import pb
@@ -84,6 +85,7 @@ def test_the_encoder_holds_device_memory_only_while_it_encodes(device_vision: tu
     with daemon.client(timeout_s=600) as client:
         status = client.status()
         assert status.vision.placement == "gpu_streamed" and status.vision.vlmopt, status.vision
+        no_end = grpc_sampling(grpc_eog_ids(client), temperature=0.0)  # an answer comes, and runs its 32 tokens
         sampler = RssSampler(server_pid)
         try:
             time.sleep(0.3)
@@ -91,7 +93,7 @@ def test_the_encoder_holds_device_memory_only_while_it_encodes(device_vision: tu
             first_token = None
             chunks = 0
             request = pb.AskImageRequest(image=pb.Image(encoded=screenshot()), question="What is on the screen?",
-                                         max_tokens=32, sampling=pb.SamplingParams(temperature=0.0))
+                                         max_tokens=32, sampling=no_end)
             for chunk in client.ask_image_stream(request):
                 if chunk.token_ids and first_token is None:
                     first_token = time.perf_counter()
