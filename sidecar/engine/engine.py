@@ -32,6 +32,7 @@ import structlog
 
 from sidecar.backend.engine_config import EngineConfig
 from sidecar.backend.load_report import parse_load_log
+from sidecar.native.context import NativeContext
 from sidecar.native.log_capture import install_native_log_filter
 from sidecar.backend.contract import BackendSnapshot, RequestLimits
 from sidecar.backend.phase import EnginePhase
@@ -46,7 +47,7 @@ from sidecar.engine.scheduling.packing import packing_moves, swap
 from sidecar.engine.loading import context_for, load_model_and_context
 from sidecar.engine.session_turn import remember_turn
 from sidecar.engine.inbox import ImageReady, InboxMessage, Stop
-from sidecar.engine.kv_demand import SequencePool, grown_count, resize, shrunk_count
+from sidecar.engine.kv_demand import SequencePool, grown_count, resize, shrunk_count, swap_in
 from sidecar.engine.model_calls import ModelCall, ModelCalls
 from sidecar.engine.reload import Reloading, ReloadRequest, release_freed_memory
 from sidecar.engine.scheduling.resent_admission import check_not_ended, resolve_waiting, still_resolved
@@ -216,6 +217,7 @@ class Engine(Reloading):
             self.encoder.close()
         self._images.close()
         self.model_calls.release()
+        self.pool.settle()
         self._ctx.close()
         self.model.close()
         self.phase = EnginePhase.STOPPED
@@ -322,16 +324,30 @@ class Engine(Reloading):
                 log.exception("request failed to start", request_id=job.spec.request_id)
                 job.sink(EngineFailure(f"internal error: {type(e).__name__}: {e}"))
         self._waiting = still_waiting
+        grown = self.pool.grown_context()
+        if grown is not None:
+            self._swap_in(grown)
+            self._admit()  # the new sequences are free: the waiting start now
+            return
         grow = grown_count(self.pool.allocated, self.config.n_seq, sum(s.busy for s in self._slots), blocked)
         if grow is not None:
-            self._resize(grow)
-            self._admit()  # the new sequences are free: the waiting start now
+            self.pool.begin_growth(self.model, self.config, grow, lambda: self._inbox.put(ImageReady()))
+
+    def _swap_in(self, grown: NativeContext) -> None:
+        t0 = time.perf_counter()
+        before = self.pool.allocated
+        self._slots = swap_in(self._ctx, grown, self._slots)
+        self._ctx = grown
+        self._record_resize(before, t0)
 
     def _resize(self, n: int) -> None:
         """Allocate `n` sequences in place of today's (kv_demand.py); every stream pauses for it."""
         t0 = time.perf_counter()
         before = self.pool.allocated
         self._ctx, self._slots = resize(self._ctx, self.model, self.config, self._slots, self.sessions, n)
+        self._record_resize(before, t0)
+
+    def _record_resize(self, before: int, t0: float) -> None:
         self.pool.allocated = len(self._slots)
         self.pool.resizes += 1
         self.pool.last_resize_ms = (time.perf_counter() - t0) * 1000.0
@@ -341,6 +357,8 @@ class Engine(Reloading):
                  pause_ms=round(self.pool.last_resize_ms, 1))
 
     def _shrink_when_quiet(self) -> None:
+        if self.pool.growing:
+            return
         n = shrunk_count(self.pool.allocated, self.pool.start, time.monotonic() - self.pool.quiet_since)
         if n is not None:
             self._resize(n)

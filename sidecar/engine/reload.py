@@ -62,6 +62,7 @@ class Reloading:
             self.encoder.close()  # it holds the old text model's pointer
             self.encoder = None
         self.model_calls.release()  # its embedding context is on the old model
+        self.pool.settle()  # and so is a bigger KV cache being made
         self._ctx.close()
         self.model.close()
         try:
