@@ -280,6 +280,8 @@ def cpu_engine_config(settings: Settings, budget: Budget) -> EngineConfig:
         adaptive_threads=settings.adaptive_threads,
         prefix_cache_bytes=settings.prefix_cache_bytes,
         saved_sessions_bytes=settings.saved_sessions_bytes,
+        # Under a RAM budget the old context goes before the new one is made (kv_demand.py).
+        grow_beside=not settings.ram_budget_bytes,
     )
 
 

@@ -84,9 +84,10 @@ def test_the_engine_grows_for_a_crowd_and_shrinks_when_it_goes_quiet(smollm2_pat
         engine.close()
 
 
-def test_streams_in_flight_go_on_through_a_resize(smollm2_path) -> None:
+@pytest.mark.parametrize("beside", [True, False])
+def test_streams_in_flight_go_on_through_a_resize(smollm2_path, beside: bool) -> None:
     engine = Engine(EngineConfig(model_path=smollm2_path, n_ctx=512, n_seq=4, n_seq_start=1, threads_decode=2,
-                                 threads_prefill=2, adaptive_threads=False))
+                                 threads_prefill=2, adaptive_threads=False, grow_beside=beside))
     try:
         first = submit(engine, GenerationSpec(prompt=Prompt(messages=(("user", "Count to forty."),)), sampling=GREEDY,
                                               max_tokens=48))

@@ -31,6 +31,10 @@ class EngineConfig:
     # Sequences allocated at start; more, up to n_seq, when more conversations run at once, and
     # back down when they go quiet (engine/kv_demand.py). 0 allocates all n_seq from the start.
     n_seq_start: int = 0
+    # Grow the KV beside the loop (the streams running do not pause for the allocation, but the old
+    # and the new context are held at once while it is made), or in it (freeing the old first: a
+    # RAM budget holds, and every stream pauses for the allocation).
+    grow_beside: bool = True
     n_batch: int = 512
     n_ubatch: int = 0  # 0: same as n_batch
     threads_decode: int = 1

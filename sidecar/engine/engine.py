@@ -330,8 +330,11 @@ class Engine(Reloading):
             self._admit()  # the new sequences are free: the waiting start now
             return
         grow = grown_count(self.pool.allocated, self.config.n_seq, sum(s.busy for s in self._slots), blocked)
-        if grow is not None:
+        if grow is not None and self.config.grow_beside:
             self.pool.begin_growth(self.model, self.config, grow, lambda: self._inbox.put(ImageReady()))
+        elif grow is not None:
+            self._resize(grow)
+            self._admit()
 
     def _swap_in(self, grown: NativeContext) -> None:
         t0 = time.perf_counter()
