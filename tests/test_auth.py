@@ -137,6 +137,9 @@ def _every_call(stub: rpc.SidecarStub, **kwargs) -> dict[str, grpc.StatusCode]:
         "SetBudget": lambda: stub.SetBudget(pb.SetBudgetRequest(vram_size="nonsense"), **kwargs),
         "GetStatus": lambda: stub.GetStatus(pb.GetStatusRequest(), **kwargs),
         "EndSession": lambda: stub.EndSession(pb.EndSessionRequest(session_id="x"), **kwargs),
+        "Embed": lambda: stub.Embed(pb.EmbedRequest(input=["hi"]), **kwargs),
+        "Tokenize": lambda: stub.Tokenize(pb.TokenizeRequest(text="hi"), **kwargs),
+        "Detokenize": lambda: stub.Detokenize(pb.DetokenizeRequest(tokens=[1]), **kwargs),
     }
     codes = {}
     for name, call in calls.items():

@@ -188,6 +188,9 @@ calls = st.one_of(
     st.tuples(st.just("WatchState"), st.just({})),
     st.tuples(st.just("SetBudget"), set_budget_requests),
     st.tuples(st.just("AskImage"), ask_image_requests),
+    st.tuples(st.just("Embed"), st.builds(lambda xs: {"input": xs}, st.lists(st.text(max_size=40), max_size=4))),
+    st.tuples(st.just("Tokenize"), st.builds(lambda t, p: {"text": t, "parseSpecial": p}, st.text(max_size=60), st.booleans())),
+    st.tuples(st.just("Detokenize"), st.builds(lambda ts: {"tokens": ts}, st.lists(st.integers(-5, 2**31 - 1), max_size=8))),
 )
 STREAMING = {"Generate", "AskImage", "WatchState"}
 
@@ -230,7 +233,8 @@ def test_grpc_survives_fuzzed_requests(fuzzed: RunningDaemon, call: tuple[str, d
 
 @settings(FUZZ, max_examples=120)
 # Not SetBudget: bytes that happen to decode could be a valid budget and re-plan the live daemon.
-@given(method=st.sampled_from(["Generate", "GetStatus", "EndSession", "AskImage"]), payload=st.binary(max_size=300))
+@given(method=st.sampled_from(["Generate", "GetStatus", "EndSession", "AskImage", "Embed", "Tokenize", "Detokenize"]),
+       payload=st.binary(max_size=300))
 def test_grpc_survives_undecodable_bytes(fuzzed: RunningDaemon, method: str, payload: bytes) -> None:
     from sidecar.service.calls import CALLS
 
