@@ -60,9 +60,7 @@ class ModelCalls:
 
     def pieces(self, tokens: list[int]) -> list[bytes]:
         """Each token's own bytes (part of a character, for some), control tokens as their text."""
-        bad = next((t for t in tokens if not 0 <= t < self.model.n_vocab), None)
-        if bad is not None:
-            raise InvalidArgument(f"token id {bad} is not in the model's vocabulary of {self.model.n_vocab}")
+        self.model.check_token_ids(tokens)
         return [self.model.piece(t, special=True) for t in tokens]
 
     def embed(self, texts: list[str | list[int]]) -> tuple[list[list[float]], int]:
@@ -71,10 +69,9 @@ class ModelCalls:
             raise InvalidArgument("input is empty")
         if len(texts) > MAX_EMBED_INPUTS:
             raise InvalidArgument(f"input has {len(texts)} texts; at most {MAX_EMBED_INPUTS} per request")
-        n_vocab = self.model.n_vocab
         for t in texts:
-            if isinstance(t, list) and any(not 0 <= token < n_vocab for token in t):
-                raise InvalidArgument(f"an input's token ids must be in the model's vocabulary of {n_vocab}")
+            if isinstance(t, list):
+                self.model.check_token_ids(t)
         tokenized = [t if isinstance(t, list) else self.model.tokenize(t, add_bos=True, parse_special=False)
                      for t in texts]
         too_long = next((i for i, t in enumerate(tokenized) if len(t) > EMBED_CONTEXT), None)

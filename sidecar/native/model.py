@@ -133,12 +133,15 @@ class NativeModel:
                 return list(out[:n])
             capacity = -n
 
-    def detokenize(self, tokens: list[int]) -> str:
-        """The text of `tokens`, control tokens written out (<|im_end|>), as /detokenize shows them.
-        Ids outside the vocabulary are InvalidArgument: llama.cpp would read past its tables."""
+    def check_token_ids(self, tokens: list[int]) -> None:
+        """InvalidArgument for an id outside the vocabulary: llama.cpp would read past its tables."""
         bad = next((t for t in tokens if not 0 <= t < self.n_vocab), None)
         if bad is not None:
             raise InvalidArgument(f"token id {bad} is not in the model's vocabulary of {self.n_vocab}")
+
+    def detokenize(self, tokens: list[int]) -> str:
+        """The text of `tokens`, control tokens written out (<|im_end|>), as /detokenize shows them."""
+        self.check_token_ids(tokens)
         ids = (llama_cpp.llama_token * max(len(tokens), 1))(*tokens)
         capacity = 16 * len(tokens) + 16
         while True:
