@@ -72,6 +72,8 @@ SCENARIOS: dict[str, Scenario] = {
                            "api_parity:scenario", "api_parity:options", suite=False, repeats=3),
     "ram": Scenario("resident memory at idle against llama-server, through a crowd of 16 NPCs, and under --ram-budget",
                     "host_memory:scenario", suite=False, repeats=2),
+    "game": Scenario("a 60 fps game loop's frame times beside 4 NPCs: alone, llama-server, the daemon's frame guard off and on",
+                     "game:scenario", "game:options", suite=False, repeats=1),
     "busy-cpu": Scenario("4 streams beside a busy core: the thread governor against maxCpuThreads 1 by hand",
                          "busy_cpu:scenario", "busy_cpu:options", suite=False),
 }

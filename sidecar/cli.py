@@ -43,6 +43,10 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--profile", help='machine profile the planner uses: auto (measure once, default), off, or a file')
     p.add_argument("--hardware", help="plan for this machine description instead of the measured profile, as `plan "
                    "--hardware` takes it: a spec or profile JSON file, a preset, or key=value figures (what-if runs, tests)")
+    p.add_argument("--no-frame-guard", dest="frame_guard", action="store_false", default=None,
+                   help="do not adapt to the game's frames (threads, pass sizes, pauses, priority): take the cores the plan gives")
+    p.add_argument("--frame-budget-ms", type=float, help="the game's frame budget when its frame reports do not say it "
+                   "(default 16.7: 60 fps)")
     p.add_argument("--no-adaptive-threads", dest="adaptive_threads", action="store_false", default=None,
                    help="keep every pass at its planned threads even on a busy CPU (reproducible greedy text)")
     p.add_argument("--device", help="ggml device to place onto, e.g. CUDA0, Vulkan0, RPC0 (default: the first GPU-type one)")

@@ -32,6 +32,8 @@ from sidecar.executor import (
 )
 from sidecar.lifecycle.daemon_lifecycle import DaemonLifecycle
 from sidecar.profile_refresh import ProfileRefresh, profile_view
+from sidecar.guard.frame_guard import GuardSettings
+from sidecar.guard.guard_task import FrameGuard
 from sidecar.service.budget_control import BudgetControl
 from sidecar.service.core import ServiceInfo, SidecarService
 from sidecar.service.transports import start_transports
@@ -56,6 +58,7 @@ async def serve_local(settings: Settings, lifecycle: DaemonLifecycle, ready: asy
     log.info("listening", **transports.log_fields(), **lifecycle.log_fields(), phase="starting")
     engine: Engine | None = None
     refresh: ProfileRefresh | None = None
+    guard_task: asyncio.Task | None = None
     try:
         loading = asyncio.ensure_future(_load(settings, budget, service))
         stopped = asyncio.ensure_future(lifecycle.stop.wait())
@@ -77,6 +80,7 @@ async def serve_local(settings: Settings, lifecycle: DaemonLifecycle, ready: asy
             service.state, lambda: gpu_free_bytes(engine.config.device),
         )
         await service.budget_control.fit_to_measured()
+        guard_task = _start_frame_guard(settings, service, engine)
         await transports.set_serving()
         view = profile_view(inputs)
         service.state.publish(phase="ready", reason="ready", profile=view)
@@ -97,6 +101,8 @@ async def serve_local(settings: Settings, lifecycle: DaemonLifecycle, ready: asy
         await lifecycle.stop.wait()
         log.info("stopping", grace_s=lifecycle.grace_s, reason=lifecycle.stop_reason)
     finally:
+        if guard_task is not None:
+            guard_task.cancel()
         if refresh is not None:
             refresh.signal_stop()  # at once: a probe must not hold cores during the grace period
         service.begin_drain()
@@ -106,6 +112,16 @@ async def serve_local(settings: Settings, lifecycle: DaemonLifecycle, ready: asy
         if engine is not None:
             await asyncio.to_thread(engine.close)
         log.info("stopped")
+
+
+def _start_frame_guard(settings: Settings, service: SidecarService, engine: Engine) -> asyncio.Task:
+    """The frame-time guard, watching the game: the process named by --parent-pid, else the one
+    that started us (a game that launches the daemon is its parent)."""
+    service.frame_guard = FrameGuard(
+        GuardSettings(frame_budget_ms=settings.frame_budget_ms), settings.frame_guard,
+        settings.parent_pid or os.getppid(), engine.set_pass_limits, lambda: engine.pass_limiter.last_pause_ms,
+    )
+    return asyncio.create_task(service.frame_guard.run(), name="frame-guard")
 
 
 async def _load(settings: Settings, budget, service: SidecarService):

@@ -45,6 +45,8 @@ class Settings(BaseSettings):
     threads: int = Field(0, ge=0, le=4096, description="CPU threads; 0 = one per physical core")
     flash_attention: Literal["auto", "on", "off"] = "auto"
     profile: str = Field("auto", description='machine profile for the planner: "auto" (measure once), "off", or a file')
+    frame_guard: bool = Field(True, description="keep out of the game's way by its frame times and its process's load (sidecar.guard)")
+    frame_budget_ms: float = Field(1000.0 / 60, ge=1.0, le=1000.0, description="the game's frame budget when its reports do not say (ms)")
     adaptive_threads: bool = Field(True, description="step CPU threads down while passes run far slower than planned (a busy PC); off pins them")
     hardware: str | None = Field(None, description="plan for this machine description (as `plan --hardware` takes it) instead of the profile")
     # Placement device (sidecar.executor.placement_device) and ggml RPC servers (sidecar.ggml_rpc).

@@ -43,5 +43,6 @@ def test_api_is_versioned_and_complete() -> None:
         "Embed": ("EmbedRequest", "EmbedResponse"),
         "Tokenize": ("TokenizeRequest", "TokenizeResponse"),
         "Detokenize": ("DetokenizeRequest", "DetokenizeResponse"),
+        "ReportFrames": ("FrameReport", "FrameGuardState"),
     }
     assert hasattr(rpc, "SidecarStub") and grpc is not None

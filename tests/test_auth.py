@@ -140,6 +140,7 @@ def _every_call(stub: rpc.SidecarStub, **kwargs) -> dict[str, grpc.StatusCode]:
         "Embed": lambda: stub.Embed(pb.EmbedRequest(input=["hi"]), **kwargs),
         "Tokenize": lambda: stub.Tokenize(pb.TokenizeRequest(text="hi"), **kwargs),
         "Detokenize": lambda: stub.Detokenize(pb.DetokenizeRequest(tokens=[1]), **kwargs),
+        "ReportFrames": lambda: stub.ReportFrames(pb.FrameReport(frames=1, window_ms=16.7), **kwargs),
     }
     codes = {}
     for name, call in calls.items():

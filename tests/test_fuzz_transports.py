@@ -191,6 +191,10 @@ calls = st.one_of(
     st.tuples(st.just("Embed"), st.builds(lambda xs: {"input": xs}, st.lists(st.text(max_size=40), max_size=4))),
     st.tuples(st.just("Tokenize"), st.builds(lambda t, p: {"text": t, "parseSpecial": p}, st.text(max_size=60), st.booleans())),
     st.tuples(st.just("Detokenize"), st.builds(lambda ts: {"tokens": ts}, st.lists(st.integers(-5, 2**31 - 1), max_size=8))),
+    st.tuples(st.just("ReportFrames"), st.fixed_dictionaries({}, optional={
+        "frames": st.integers(0, 2**32 - 1), "windowMs": st.floats(allow_nan=True), "frameMsP50": st.floats(allow_nan=True),
+        "frameMsP99": st.floats(allow_nan=True), "framesOverBudget": st.integers(0, 2**32 - 1),
+        "frameBudgetMs": st.floats(allow_nan=True)})),
 )
 STREAMING = {"Generate", "AskImage", "WatchState"}
 
@@ -233,7 +237,8 @@ def test_grpc_survives_fuzzed_requests(fuzzed: RunningDaemon, call: tuple[str, d
 
 @settings(FUZZ, max_examples=120)
 # Not SetBudget: bytes that happen to decode could be a valid budget and re-plan the live daemon.
-@given(method=st.sampled_from(["Generate", "GetStatus", "EndSession", "AskImage", "Embed", "Tokenize", "Detokenize"]),
+@given(method=st.sampled_from(["Generate", "GetStatus", "EndSession", "AskImage", "Embed", "Tokenize", "Detokenize",
+                               "ReportFrames"]),
        payload=st.binary(max_size=300))
 def test_grpc_survives_undecodable_bytes(fuzzed: RunningDaemon, method: str, payload: bytes) -> None:
     from sidecar.service.calls import CALLS

@@ -19,6 +19,7 @@ from sidecar.backend.phase import EnginePhase
 from sidecar.backend.requests import GenerationSpec, Job, Sink
 from sidecar.backend.sessions import SessionView
 from sidecar.backend.stats import ThroughputSnapshot
+from sidecar.guard.frame_guard import PassLimits
 
 if TYPE_CHECKING:  # types of the status view only; importing them would load llama.cpp
     from sidecar.engine.prefix.prefix_cache import PrefixCacheStats
@@ -127,6 +128,12 @@ class Backend(Protocol):
         ...
 
     def snapshot(self) -> BackendSnapshot: ...
+
+    def set_pass_limits(self, limits: PassLimits) -> None:
+        """The frame guard's limits on each forward pass (threads, tokens, a pause after it), from
+        the event loop; in force from the next pass. A backend whose passes run elsewhere ignores
+        them (that daemon has its own guard)."""
+        ...
 
     def reload(self, config: EngineConfig, *, force: bool = False) -> Future:
         """Switch to another schedule between forward passes, keeping every conversation; the

@@ -59,7 +59,9 @@ from sidecar.engine.scheduling.slot import ActiveRequest, Slot
 from sidecar.engine.scheduling.slot_choice import choose_slot, common_prefix, evict
 from sidecar.backend.stats import ThroughputStats
 from sidecar.engine.scheduling.step import SequenceDemand, StepPlan, plan_step, threads_for
+from sidecar.engine.pass_limits import PassLimiter
 from sidecar.engine.threads.thread_governor_hook import GovernedThreads
+from sidecar.guard.frame_guard import PassLimits
 from sidecar.backend.text_stream import TextChunk, TextStream
 from sidecar.engine.token_logprobs import logprob_at, take
 from sidecar.errors import (
@@ -103,6 +105,7 @@ class Engine(Reloading):
         self._closing = False
         self.last_reload_pause_ms = 0.0
         self._governor = GovernedThreads()
+        self.pass_limiter = PassLimiter()  # the frame guard's (sidecar.guard)
         self.model_calls = ModelCalls(lambda: self.model, lambda: self._governor.threads(self.config, self.config.threads_prefill))
         self._thread = threading.Thread(target=self._run, name="xlm-engine", daemon=True)
         self.phase = EnginePhase.READY
@@ -173,6 +176,13 @@ class Engine(Reloading):
             return done
         self._inbox.put(ReloadRequest(config, done, force))
         return done
+
+    def set_pass_limits(self, limits: PassLimits) -> None:
+        self.pass_limiter.limits = limits
+
+    def _guarded(self, threads: int) -> int:
+        # --no-adaptive-threads pins the threads (reproducible greedy text): the guard's cap too.
+        return self.pass_limiter.threads(threads) if self.config.adaptive_threads else threads
 
     def end_session(self, session_id: str) -> int:
         """Forget a session's conversation; returns the tokens it held. NotFound if unknown.
@@ -519,18 +529,19 @@ class Engine(Reloading):
             if slot.active is not None and slot.active.next_image_start() == slot.active.fed:
                 self._feed_image(slot)
         demands = [self._demand(s) for s in self._slots if s.active is not None]
-        return plan_step(demands, self.config.n_batch) if demands else None
+        return plan_step(demands, self.pass_limiter.batch(self.config.n_batch)) if demands else None
 
     def _execute(self, plan: StepPlan) -> float:
         """One forward pass on the threads the plan's tier, the governor and an image encode
         beside the loop leave it; its time in seconds."""
         planned = threads_for(plan.n_tokens, self.config.tier_threads)
-        used = self._images.per_pass_threads(self._governor.threads(self.config, planned))
+        used = self._guarded(self._images.per_pass_threads(self._governor.threads(self.config, planned)))
         self._ctx.set_threads(used)
         t0 = time.perf_counter()
         self._ctx.decode(list(plan.entries))
         elapsed = time.perf_counter() - t0
         self._governor.record(self.config, plan.n_tokens, planned, used, elapsed * 1000.0)
+        self.pass_limiter.pause_after(elapsed)
         return elapsed
 
     def _update(self, plan: StepPlan, elapsed: float) -> None:
@@ -582,7 +593,7 @@ class Engine(Reloading):
         image: EncodedImage = a.image_spans[a.fed]
         t0 = time.perf_counter()
         planned = threads_for(image.n_tokens, self.config.tier_threads)
-        self._ctx.set_threads(self._images.per_pass_threads(self._governor.threads(self.config, planned)))
+        self._ctx.set_threads(self._guarded(self._images.per_pass_threads(self._governor.threads(self.config, planned))))
         self._ctx.decode_embeddings(slot.seq, len(slot.cached), image.embeddings, image.non_causal)
         slot.cached.extend([image.sentinel] * image.n_tokens)
         a.fed += image.n_tokens

@@ -181,6 +181,9 @@ class RemoteBackend:
         raise Unimplemented("remote mode forwards generations only; tokenize, detokenize and embeddings are "
                             "the remote server's own (call its API directly)")
 
+    def set_pass_limits(self, limits) -> None:
+        """The passes run in the other daemon, whose own frame guard watches its machine."""
+
     def end_session(self, session_id: str) -> int:
         """Forget a session's conversation; returns the tokens it held. NotFound if unknown."""
         session = self.sessions.end(session_id)

@@ -29,6 +29,7 @@ _INVOKE: dict[str, Callable[[SidecarService, Message], AsyncIterator[Message] | 
     "Embed": lambda core, request: core.embed(request),
     "Tokenize": lambda core, request: core.tokenize(request),
     "Detokenize": lambda core, request: core.detokenize(request),
+    "ReportFrames": lambda core, request: core.report_frames(request),
 }
 
 

@@ -18,6 +18,8 @@ from sidecar.api import pb
 from sidecar.budget import Budget, parse_size
 from sidecar.backend.contract import Backend, RequestLimits
 from sidecar.backend.requests import NO_VISION_MODEL, Finished, GenerationSpec, TextDelta
+from sidecar.guard.frame_guard import GuardSettings
+from sidecar.guard.guard_task import FrameGuard
 from sidecar.errors import FailedPrecondition, ResourceExhausted, ShuttingDown, SidecarError, Unimplemented
 from sidecar.service import candidates, convert, token_controls, tool_calls
 from sidecar.service.budget_control import BudgetControl, check_thread_cap
@@ -55,6 +57,9 @@ class SidecarService:
         # Set by the daemon once the backend exists; None answers SetBudget with UNIMPLEMENTED.
         self.budget_control: BudgetControl | None = None
         self.draining = False
+        # Replaced by the daemon's own once it serves a model here (local_serve.py); until then, and
+        # in remote mode, reports are checked and answered, and nothing is applied.
+        self.frame_guard = FrameGuard(GuardSettings(), enabled=False, game_pid=None, apply=lambda limits: None)
         self._process = psutil.Process()
         # Backend jobs of the streams in flight, so a shutdown can end each with a final chunk.
         self._jobs: dict[int, object] = {}  # id(job) -> job (jobs are not hashable)
@@ -113,6 +118,10 @@ class SidecarService:
     async def detokenize(self, request: pb.DetokenizeRequest) -> pb.DetokenizeResponse:
         tokens = list(request.tokens)
         return pb.DetokenizeResponse(text=await self.call_model(lambda m: m.detokenize(tokens)))
+
+    async def report_frames(self, request: pb.FrameReport) -> pb.FrameGuardState:
+        self._refuse_while_draining()
+        return self.frame_guard.report(request)
 
     async def call_model(self, run):
         """`run` on the loaded model (ModelOps), between the engine's passes."""
@@ -248,6 +257,7 @@ class SidecarService:
         )
         if self.state.current.profile is not None:
             status.profile.CopyFrom(profile_to_pb(self.state.current.profile))
+        status.frame_guard.CopyFrom(self.frame_guard.to_pb())
         return status
 
     async def end_session(self, request: pb.EndSessionRequest) -> pb.EndSessionResponse:

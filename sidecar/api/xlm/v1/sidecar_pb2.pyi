@@ -391,16 +391,18 @@ class Budget(_message.Message):
     def __init__(self, vram_bytes: _Optional[int] = ..., max_cpu_threads: _Optional[int] = ..., auto_vram: _Optional[bool] = ..., auto_reserve_bytes: _Optional[int] = ...) -> None: ...
 
 class SetBudgetRequest(_message.Message):
-    __slots__ = ("vram_bytes", "vram_size", "auto_reserve_bytes", "max_cpu_threads")
+    __slots__ = ("vram_bytes", "vram_size", "auto_reserve_bytes", "max_cpu_threads", "ram_size")
     VRAM_BYTES_FIELD_NUMBER: _ClassVar[int]
     VRAM_SIZE_FIELD_NUMBER: _ClassVar[int]
     AUTO_RESERVE_BYTES_FIELD_NUMBER: _ClassVar[int]
     MAX_CPU_THREADS_FIELD_NUMBER: _ClassVar[int]
+    RAM_SIZE_FIELD_NUMBER: _ClassVar[int]
     vram_bytes: int
     vram_size: str
     auto_reserve_bytes: int
     max_cpu_threads: int
-    def __init__(self, vram_bytes: _Optional[int] = ..., vram_size: _Optional[str] = ..., auto_reserve_bytes: _Optional[int] = ..., max_cpu_threads: _Optional[int] = ...) -> None: ...
+    ram_size: str
+    def __init__(self, vram_bytes: _Optional[int] = ..., vram_size: _Optional[str] = ..., auto_reserve_bytes: _Optional[int] = ..., max_cpu_threads: _Optional[int] = ..., ram_size: _Optional[str] = ...) -> None: ...
 
 class SetBudgetResponse(_message.Message):
     __slots__ = ("budget", "schedule", "reloaded", "pause_ms")
@@ -618,7 +620,7 @@ class Limits(_message.Message):
     def __init__(self, max_sessions: _Optional[int] = ..., context_per_session: _Optional[int] = ..., max_prompt_tokens: _Optional[int] = ..., max_tokens_per_request: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., max_image_bytes: _Optional[int] = ...) -> None: ...
 
 class Status(_message.Message):
-    __slots__ = ("version", "phase", "model", "budget", "schedule", "memory", "throughput", "sessions", "limits", "uptime_s", "listen_addresses", "vision", "prefix_cache", "profile")
+    __slots__ = ("version", "phase", "model", "budget", "schedule", "memory", "throughput", "sessions", "limits", "uptime_s", "listen_addresses", "vision", "prefix_cache", "profile", "frame_guard")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -633,6 +635,7 @@ class Status(_message.Message):
     VISION_FIELD_NUMBER: _ClassVar[int]
     PREFIX_CACHE_FIELD_NUMBER: _ClassVar[int]
     PROFILE_FIELD_NUMBER: _ClassVar[int]
+    FRAME_GUARD_FIELD_NUMBER: _ClassVar[int]
     version: str
     phase: EnginePhase
     model: ModelInfo
@@ -647,7 +650,8 @@ class Status(_message.Message):
     vision: VisionStatus
     prefix_cache: PrefixCacheStatus
     profile: ProfileProgress
-    def __init__(self, version: _Optional[str] = ..., phase: _Optional[_Union[EnginePhase, str]] = ..., model: _Optional[_Union[ModelInfo, _Mapping]] = ..., budget: _Optional[_Union[Budget, _Mapping]] = ..., schedule: _Optional[_Union[Schedule, _Mapping]] = ..., memory: _Optional[_Union[MemoryUse, _Mapping]] = ..., throughput: _Optional[_Union[Throughput, _Mapping]] = ..., sessions: _Optional[_Iterable[_Union[SessionInfo, _Mapping]]] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., uptime_s: _Optional[float] = ..., listen_addresses: _Optional[_Iterable[str]] = ..., vision: _Optional[_Union[VisionStatus, _Mapping]] = ..., prefix_cache: _Optional[_Union[PrefixCacheStatus, _Mapping]] = ..., profile: _Optional[_Union[ProfileProgress, _Mapping]] = ...) -> None: ...
+    frame_guard: FrameGuardState
+    def __init__(self, version: _Optional[str] = ..., phase: _Optional[_Union[EnginePhase, str]] = ..., model: _Optional[_Union[ModelInfo, _Mapping]] = ..., budget: _Optional[_Union[Budget, _Mapping]] = ..., schedule: _Optional[_Union[Schedule, _Mapping]] = ..., memory: _Optional[_Union[MemoryUse, _Mapping]] = ..., throughput: _Optional[_Union[Throughput, _Mapping]] = ..., sessions: _Optional[_Iterable[_Union[SessionInfo, _Mapping]]] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., uptime_s: _Optional[float] = ..., listen_addresses: _Optional[_Iterable[str]] = ..., vision: _Optional[_Union[VisionStatus, _Mapping]] = ..., prefix_cache: _Optional[_Union[PrefixCacheStatus, _Mapping]] = ..., profile: _Optional[_Union[ProfileProgress, _Mapping]] = ..., frame_guard: _Optional[_Union[FrameGuardState, _Mapping]] = ...) -> None: ...
 
 class PrefixCacheStatus(_message.Message):
     __slots__ = ("max_bytes", "bytes_held", "entries", "hits", "tokens_saved", "misses", "waits")
@@ -704,3 +708,55 @@ class EndSessionResponse(_message.Message):
     TOKENS_FREED_FIELD_NUMBER: _ClassVar[int]
     tokens_freed: int
     def __init__(self, tokens_freed: _Optional[int] = ...) -> None: ...
+
+class FrameReport(_message.Message):
+    __slots__ = ("frames", "window_ms", "frame_ms_p50", "frame_ms_p99", "frame_ms_max", "frames_over_budget", "frame_budget_ms", "gpu_frame_ms_p99")
+    FRAMES_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_MS_FIELD_NUMBER: _ClassVar[int]
+    FRAME_MS_P50_FIELD_NUMBER: _ClassVar[int]
+    FRAME_MS_P99_FIELD_NUMBER: _ClassVar[int]
+    FRAME_MS_MAX_FIELD_NUMBER: _ClassVar[int]
+    FRAMES_OVER_BUDGET_FIELD_NUMBER: _ClassVar[int]
+    FRAME_BUDGET_MS_FIELD_NUMBER: _ClassVar[int]
+    GPU_FRAME_MS_P99_FIELD_NUMBER: _ClassVar[int]
+    frames: int
+    window_ms: float
+    frame_ms_p50: float
+    frame_ms_p99: float
+    frame_ms_max: float
+    frames_over_budget: int
+    frame_budget_ms: float
+    gpu_frame_ms_p99: float
+    def __init__(self, frames: _Optional[int] = ..., window_ms: _Optional[float] = ..., frame_ms_p50: _Optional[float] = ..., frame_ms_p99: _Optional[float] = ..., frame_ms_max: _Optional[float] = ..., frames_over_budget: _Optional[int] = ..., frame_budget_ms: _Optional[float] = ..., gpu_frame_ms_p99: _Optional[float] = ...) -> None: ...
+
+class FrameGuardState(_message.Message):
+    __slots__ = ("enabled", "source", "frame_budget_ms", "max_threads", "max_pass_tokens", "pause_ms", "low_priority", "reason", "game_frame_ms_p99", "game_over_budget_share", "game_busy_cores", "game_busy_threads", "changes", "reports")
+    ENABLED_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    FRAME_BUDGET_MS_FIELD_NUMBER: _ClassVar[int]
+    MAX_THREADS_FIELD_NUMBER: _ClassVar[int]
+    MAX_PASS_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PAUSE_MS_FIELD_NUMBER: _ClassVar[int]
+    LOW_PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    GAME_FRAME_MS_P99_FIELD_NUMBER: _ClassVar[int]
+    GAME_OVER_BUDGET_SHARE_FIELD_NUMBER: _ClassVar[int]
+    GAME_BUSY_CORES_FIELD_NUMBER: _ClassVar[int]
+    GAME_BUSY_THREADS_FIELD_NUMBER: _ClassVar[int]
+    CHANGES_FIELD_NUMBER: _ClassVar[int]
+    REPORTS_FIELD_NUMBER: _ClassVar[int]
+    enabled: bool
+    source: str
+    frame_budget_ms: float
+    max_threads: int
+    max_pass_tokens: int
+    pause_ms: float
+    low_priority: bool
+    reason: str
+    game_frame_ms_p99: float
+    game_over_budget_share: float
+    game_busy_cores: float
+    game_busy_threads: int
+    changes: int
+    reports: int
+    def __init__(self, enabled: _Optional[bool] = ..., source: _Optional[str] = ..., frame_budget_ms: _Optional[float] = ..., max_threads: _Optional[int] = ..., max_pass_tokens: _Optional[int] = ..., pause_ms: _Optional[float] = ..., low_priority: _Optional[bool] = ..., reason: _Optional[str] = ..., game_frame_ms_p99: _Optional[float] = ..., game_over_budget_share: _Optional[float] = ..., game_busy_cores: _Optional[float] = ..., game_busy_threads: _Optional[int] = ..., changes: _Optional[int] = ..., reports: _Optional[int] = ...) -> None: ...

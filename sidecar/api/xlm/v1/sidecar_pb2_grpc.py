@@ -79,6 +79,11 @@ class SidecarStub:
                 request_serializer=sidecar_dot_api_dot_xlm_dot_v1_dot_sidecar__pb2.DetokenizeRequest.SerializeToString,
                 response_deserializer=sidecar_dot_api_dot_xlm_dot_v1_dot_sidecar__pb2.DetokenizeResponse.FromString,
                 _registered_method=True)
+        self.ReportFrames = channel.unary_unary(
+                '/xlm.v1.Sidecar/ReportFrames',
+                request_serializer=sidecar_dot_api_dot_xlm_dot_v1_dot_sidecar__pb2.FrameReport.SerializeToString,
+                response_deserializer=sidecar_dot_api_dot_xlm_dot_v1_dot_sidecar__pb2.FrameGuardState.FromString,
+                _registered_method=True)
 
 
 class SidecarServicer:
@@ -155,6 +160,16 @@ class SidecarServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportFrames(self, request, context):
+        """How the game's frames went over the last second or so (the Unity and Godot clients send one a
+        second by themselves). The frame-time guard keeps the daemon out of the game's way by them:
+        fewer threads, shorter passes, pauses between passes. Answers what the guard does now.
+        INVALID_ARGUMENT for impossible figures; RESOURCE_EXHAUSTED past 20 reports a second.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SidecarServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -202,6 +217,11 @@ def add_SidecarServicer_to_server(servicer, server):
                     servicer.Detokenize,
                     request_deserializer=sidecar_dot_api_dot_xlm_dot_v1_dot_sidecar__pb2.DetokenizeRequest.FromString,
                     response_serializer=sidecar_dot_api_dot_xlm_dot_v1_dot_sidecar__pb2.DetokenizeResponse.SerializeToString,
+            ),
+            'ReportFrames': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportFrames,
+                    request_deserializer=sidecar_dot_api_dot_xlm_dot_v1_dot_sidecar__pb2.FrameReport.FromString,
+                    response_serializer=sidecar_dot_api_dot_xlm_dot_v1_dot_sidecar__pb2.FrameGuardState.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -447,6 +467,33 @@ class Sidecar:
             '/xlm.v1.Sidecar/Detokenize',
             sidecar_dot_api_dot_xlm_dot_v1_dot_sidecar__pb2.DetokenizeRequest.SerializeToString,
             sidecar_dot_api_dot_xlm_dot_v1_dot_sidecar__pb2.DetokenizeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportFrames(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/xlm.v1.Sidecar/ReportFrames',
+            sidecar_dot_api_dot_xlm_dot_v1_dot_sidecar__pb2.FrameReport.SerializeToString,
+            sidecar_dot_api_dot_xlm_dot_v1_dot_sidecar__pb2.FrameGuardState.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,164 @@
+"""What the frame-time guard decides: from what it sees of the game, the limits on the engine's
+passes. Pure: observations in, frozen limits out; no clock of its own, no I/O (guard_task.py feeds
+it and applies what it decides).
+
+Measured on a 2-core machine (bench/run.py game, issue 26) a game thread doing 8 ms a frame at 60
+fps misses 5.8% of its frames beside the daemon's two spinning threads and none beside one thread.
+So the levers, in the order they are pulled:
+
+1. *Below the game's priority*, always while the guard is on. It costs nothing on an idle machine
+   and makes the OS hand the core back the moment a game thread wakes, instead of at the end of a
+   time slice.
+2. *Threads*: the cores the game's busy threads (and anything else busy on the machine) leave free,
+   at least one. A game thread busy 40% of a frame still needs a whole core when it runs.
+3. With frame reports, feedback on top: while frames run past their budget the guard steps up one
+   level every `step_up_s`; after `step_down_s` of clean frames it steps one back. Levels: one
+   thread fewer; passes of at most `short_pass_tokens` tokens (a long prefill split so no pass holds
+   a core for long); a pause after each pass of half its time, then of its whole time. The pause is
+   bounded there: the NPCs keep at least about half of what they had, the game never starves them
+   to nothing, nor they it.
+
+The GPU side would add observations (the game's GPU frame time, VRAM pressure, NVML utilisation)
+and levers (a lower token tier, fewer layers streamed per pass) to the same ladder.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+
+@dataclass(frozen=True)
+class GuardSettings:
+    frame_budget_ms: float = 1000.0 / 60
+    # A frame window counts as bad when more than this share of its frames ran over budget.
+    bad_share: float = 0.01
+    step_up_s: float = 2.0
+    step_down_s: float = 10.0
+    short_pass_tokens: int = 32
+    # Reports older than this no longer steer (the game stopped sending, or paused).
+    report_stale_s: float = 5.0
+    # A thread of the game counts as busy above this share of a core.
+    busy_thread_share: float = 0.10
+
+
+@dataclass(frozen=True)
+class FrameWindow:
+    """One FrameReport, checked."""
+
+    frames: int
+    window_ms: float
+    p50_ms: float
+    p99_ms: float
+    max_ms: float
+    over_budget: int
+    budget_ms: float  # 0: the daemon's own
+
+
+@dataclass(frozen=True)
+class GameLoad:
+    """What watching the game's process and the machine showed over the last interval."""
+
+    game_busy_cores: float = 0.0
+    game_busy_threads: int = 0
+    other_busy_cores: float = 0.0  # the rest of the machine, neither the game nor the daemon
+    watching_game: bool = False
+
+
+@dataclass(frozen=True)
+class PassLimits:
+    """What the engine applies to each pass. 0 = no limit (the plan's)."""
+
+    max_threads: int = 0
+    max_pass_tokens: int = 0
+    pause_ratio: float = 0.0  # a pause after each pass, as a share of its time
+    low_priority: bool = False
+
+
+NO_LIMITS = PassLimits()
+MAX_LEVEL = 4
+
+
+@dataclass(frozen=True)
+class GuardState:
+    limits: PassLimits = NO_LIMITS
+    level: int = 0
+    source: str = "nothing seen"
+    reason: str = "nothing seen of the game yet"
+    load: GameLoad = GameLoad()
+    last_window: FrameWindow | None = None
+    last_report_s: float = -math.inf
+    last_step_s: float = -math.inf
+    clean_since_s: float | None = None
+    changes: int = 0
+    reports: int = 0
+
+
+def budget_ms(settings: GuardSettings, window: FrameWindow | None) -> float:
+    return window.budget_ms if window is not None and window.budget_ms > 0 else settings.frame_budget_ms
+
+
+def on_report(state: GuardState, window: FrameWindow, now_s: float, settings: GuardSettings, cores: int) -> GuardState:
+    """A frame report: step the level up while frames run late, down after a clean stretch."""
+    budget = budget_ms(settings, window)
+    bad = window.over_budget > settings.bad_share * window.frames or window.p99_ms > budget
+    clean = window.over_budget == 0 and window.p99_ms <= 0.85 * budget
+    level, clean_since = state.level, state.clean_since_s
+    # Only a window that began after the last step is evidence about it: the one that straddles it
+    # still shows the frames from before, and stepping on those climbs past what was needed.
+    after_step = now_s - window.window_ms / 1000.0 >= state.last_step_s
+    if bad:
+        clean_since = None
+        if level < MAX_LEVEL and after_step and now_s - state.last_step_s >= settings.step_up_s:
+            level += 1
+    elif clean:
+        clean_since = now_s if clean_since is None else clean_since
+        if level > 0 and now_s - clean_since >= settings.step_down_s:
+            level, clean_since = level - 1, now_s
+    else:
+        clean_since = None
+    stepped = level != state.level
+    state = replace(state, level=level, clean_since_s=clean_since, last_window=window, last_report_s=now_s,
+                    reports=state.reports + 1, last_step_s=now_s if stepped else state.last_step_s)
+    return decide(state, now_s, settings, cores)
+
+
+def on_load(state: GuardState, load: GameLoad, now_s: float, settings: GuardSettings, cores: int) -> GuardState:
+    return decide(replace(state, load=load), now_s, settings, cores)
+
+
+def decide(state: GuardState, now_s: float, settings: GuardSettings, cores: int) -> GuardState:
+    """The limits for the state's load and level, and why."""
+    load = state.load
+    reporting = now_s - state.last_report_s <= settings.report_stale_s
+    level = state.level if reporting else 0
+    others = round(load.other_busy_cores) if load.other_busy_cores >= 0.5 else 0
+    game_threads = load.game_busy_threads
+    if reporting and state.last_window is not None and not game_threads:
+        # A game that reports frames with real work in them has at least its main thread busy, even
+        # where its process is not the one we watch (launched by a launcher, or by hand).
+        w = state.last_window
+        game_threads = 1 if w.p50_ms >= settings.busy_thread_share * budget_ms(settings, w) else 0
+    taken = game_threads + others
+    threads = max(1, cores - taken) if taken else 0
+    why = []
+    if load.game_busy_threads:
+        why.append(f"the game keeps {load.game_busy_threads} thread(s) busy ({load.game_busy_cores:.2f} cores)")
+    elif game_threads:
+        why.append("the game reports frames with work in them: one core for its main thread")
+    if others:
+        why.append(f"other processes keep {load.other_busy_cores:.1f} cores busy")
+    if level >= 1:
+        threads = max(1, (threads or cores) - 1)
+    tokens = settings.short_pass_tokens if level >= 2 else 0
+    pause = {3: 0.5, 4: 1.0}.get(level, 0.0)
+    if reporting and state.last_window is not None:
+        w = state.last_window
+        why.append(f"frames p99 {w.p99_ms:.1f} ms, {w.over_budget}/{w.frames} over {budget_ms(settings, w):.1f} ms"
+                   + (f" (level {level})" if level else ""))
+    limits = PassLimits(max_threads=threads, max_pass_tokens=tokens, pause_ratio=pause, low_priority=True)
+    source = ("frame reports" if reporting else "watching the game process" if load.watching_game
+              else "machine load" if others else "nothing seen")
+    reason = "; ".join(why) if why else "the game leaves the cores free: below its priority only"
+    changes = state.changes + (limits != state.limits)
+    return replace(state, limits=limits, source=source, reason=reason, changes=changes)

@@ -1,0 +1,167 @@
+"""The frame-time guard at work: checks the game's frame reports, watches the game's process and the
+machine twice a second, and hands what frame_guard.py decides to the engine (its pass limits) and to
+the OS (the daemon's priority). Lives on the daemon's event loop; the engine reads the limits
+between passes."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import replace
+
+import psutil
+import structlog
+
+from sidecar.api import pb
+from sidecar.errors import InvalidArgument, ResourceExhausted
+from sidecar.guard.frame_guard import (
+    NO_LIMITS,
+    FrameWindow,
+    GameLoad,
+    GuardSettings,
+    GuardState,
+    PassLimits,
+    budget_ms,
+    on_load,
+    on_report,
+)
+from sidecar.guard.priority import LowPriority
+
+log = structlog.get_logger("guard")
+
+WATCH_INTERVAL_S = 0.5
+# A game sends one report a second; a burst above this is a bug or a flood, refused so that the
+# guard's decisions (and the event loop) cannot be driven from outside.
+REPORTS_PER_S = 20.0
+MAX_FRAME_MS = 60_000.0
+
+
+def check_report(report: pb.FrameReport) -> FrameWindow:
+    """The report as a FrameWindow; InvalidArgument naming the first impossible figure."""
+    if not 1 <= report.frames <= 100_000:
+        raise InvalidArgument(f"frames must be between 1 and 100000 (got {report.frames})")
+    figures = {"window_ms": report.window_ms, "frame_ms_p50": report.frame_ms_p50, "frame_ms_p99": report.frame_ms_p99,
+               "frame_ms_max": report.frame_ms_max, "frame_budget_ms": report.frame_budget_ms,
+               "gpu_frame_ms_p99": report.gpu_frame_ms_p99}
+    for name, value in figures.items():
+        if not math.isfinite(value) or value < 0 or value > MAX_FRAME_MS:
+            raise InvalidArgument(f"{name} must be between 0 and {MAX_FRAME_MS:g} ms (got {value})")
+    if report.window_ms <= 0:
+        raise InvalidArgument("window_ms must be above 0")
+    if report.frame_budget_ms and not 1.0 <= report.frame_budget_ms <= 1000.0:
+        raise InvalidArgument(f"frame_budget_ms must be 0 (the daemon's) or between 1 and 1000 (got {report.frame_budget_ms})")
+    if report.frames_over_budget > report.frames:
+        raise InvalidArgument(f"frames_over_budget ({report.frames_over_budget}) cannot exceed frames ({report.frames})")
+    if report.frame_ms_p50 > report.frame_ms_p99 or (report.frame_ms_max and report.frame_ms_p99 > report.frame_ms_max):
+        raise InvalidArgument("frame times must satisfy p50 <= p99 <= max")
+    # The frames must fit in the window (at a frame time of at least the median): a report of 1000
+    # frames of 16 ms in a one-second window is not a measurement.
+    if report.frames * report.frame_ms_p50 > 1.5 * report.window_ms + 1000.0:
+        raise InvalidArgument("frames x frame_ms_p50 exceeds window_ms: the figures do not describe one window")
+    return FrameWindow(report.frames, report.window_ms, report.frame_ms_p50, report.frame_ms_p99,
+                       report.frame_ms_max, report.frames_over_budget, report.frame_budget_ms)
+
+
+class ProcessWatch:
+    """CPU time of the game's process per thread, and of the whole machine, between two samples."""
+
+    def __init__(self, game_pid: int | None) -> None:
+        self._own = psutil.Process()
+        self._game = None
+        if game_pid and game_pid != os.getpid():
+            try:
+                self._game = psutil.Process(game_pid)
+            except (psutil.Error, ValueError):
+                self._game = None
+        self._last: tuple[float, dict[int, float], float, float] | None = None
+
+    def sample(self) -> GameLoad | None:
+        now = time.monotonic()
+        threads: dict[int, float] = {}
+        if self._game is not None:
+            try:
+                threads = {t.id: t.user_time + t.system_time for t in self._game.threads()}
+            except psutil.Error:
+                self._game = None
+        machine = psutil.cpu_times()
+        busy = machine.user + machine.system + getattr(machine, "nice", 0.0) + getattr(machine, "irq", 0.0) \
+            + getattr(machine, "softirq", 0.0) + getattr(machine, "steal", 0.0)
+        own = sum(self._own.cpu_times()[:2])
+        last, self._last = self._last, (now, threads, busy, own)
+        if last is None or now - last[0] <= 0:
+            return None
+        dt = now - last[0]
+        shares = [(cpu - last[1].get(tid, cpu)) / dt for tid, cpu in threads.items()]
+        game = sum(shares)
+        other = max(0.0, (busy - last[2]) / dt - (own - last[3]) / dt - game)
+        return GameLoad(game_busy_cores=game, game_busy_threads=sum(1 for s in shares if s >= GuardSettings.busy_thread_share),
+                        other_busy_cores=other, watching_game=self._game is not None)
+
+
+class FrameGuard:
+    """`report()` from the transports (through the service core), `run()` as a task, `state` for
+    status. Disabled (--no-frame-guard), it answers reports and applies nothing."""
+
+    def __init__(self, settings: GuardSettings, enabled: bool, game_pid: int | None,
+                 apply: Callable[[PassLimits], None], pause_ms: Callable[[], float] = lambda: 0.0,
+                 cores: int | None = None) -> None:
+        self.settings, self.enabled = settings, enabled
+        self.cores = cores or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+        self._pause_ms = pause_ms
+        self.state = GuardState()
+        if not enabled:
+            self.state = replace(self.state, source="off", reason="--no-frame-guard: the plan's threads, no pauses")
+        self._apply = apply
+        self._watch = ProcessWatch(game_pid) if enabled else None
+        self._priority = LowPriority()
+        self._allowance, self._allowance_at = REPORTS_PER_S, time.monotonic()
+
+    def report(self, report: pb.FrameReport) -> pb.FrameGuardState:
+        window = check_report(report)
+        now = time.monotonic()
+        self._allowance = min(REPORTS_PER_S, self._allowance + (now - self._allowance_at) * REPORTS_PER_S)
+        self._allowance_at = now
+        if self._allowance < 1.0:
+            raise ResourceExhausted(f"frame reports come at most {REPORTS_PER_S:g} a second: send one a second")
+        self._allowance -= 1.0
+        if self.enabled:
+            self._set(on_report(self.state, window, now, self.settings, self.cores))
+        else:
+            self.state = replace(self.state, last_window=window, last_report_s=now, reports=self.state.reports + 1)
+        return self.to_pb()
+
+    async def run(self) -> None:
+        if not self.enabled:
+            return
+        self._set(on_load(self.state, GameLoad(), time.monotonic(), self.settings, self.cores))
+        while True:
+            await asyncio.sleep(WATCH_INTERVAL_S)
+            load = await asyncio.to_thread(self._watch.sample)
+            if load is not None:
+                self._set(on_load(self.state, load, time.monotonic(), self.settings, self.cores))
+            if self.state.limits.low_priority:
+                await asyncio.to_thread(self._priority.apply)  # threads started since, too
+
+    def _set(self, state: GuardState) -> None:
+        before, self.state = self.state.limits, state
+        if state.limits != before:
+            self._apply(state.limits)
+            log.info("frame guard", threads=state.limits.max_threads or "plan", pass_tokens=state.limits.max_pass_tokens
+                     or "plan", pause=state.limits.pause_ratio, low_priority=state.limits.low_priority,
+                     source=state.source, reason=state.reason)
+
+    def to_pb(self) -> pb.FrameGuardState:
+        s, limits, w = self.state, self.state.limits, self.state.last_window
+        return pb.FrameGuardState(
+            enabled=self.enabled, source=s.source, frame_budget_ms=budget_ms(self.settings, w),
+            max_threads=limits.max_threads, max_pass_tokens=limits.max_pass_tokens,
+            pause_ms=self._pause_ms(), low_priority=limits.low_priority and self._priority.applied, reason=s.reason,
+            game_frame_ms_p99=w.p99_ms if w else 0.0, game_over_budget_share=(w.over_budget / w.frames) if w else 0.0,
+            game_busy_cores=s.load.game_busy_cores, game_busy_threads=s.load.game_busy_threads,
+            changes=s.changes, reports=s.reports)
+
+
+__all__ = ["FrameGuard", "check_report", "NO_LIMITS"]
