@@ -215,6 +215,7 @@ namespace Xlm.Sidecar.Grpc
                     new ProtoField(2, "vramSize", ProtoType.String, null, presence: true),
                     new ProtoField(3, "autoReserveBytes", ProtoType.UInt64, null, presence: true),
                     new ProtoField(4, "maxCpuThreads", ProtoType.UInt32, null, presence: true),
+                    new ProtoField(5, "ramSize", ProtoType.String, null, presence: true),
                 }
             },
             { "xlm.v1.SetBudgetResponse", new ProtoField[]
@@ -369,6 +370,7 @@ namespace Xlm.Sidecar.Grpc
                     new ProtoField(12, "vision", ProtoType.Message, "xlm.v1.VisionStatus"),
                     new ProtoField(50, "prefixCache", ProtoType.Message, "xlm.v1.PrefixCacheStatus"),
                     new ProtoField(40, "profile", ProtoType.Message, "xlm.v1.ProfileProgress"),
+                    new ProtoField(13, "frameGuard", ProtoType.Message, "xlm.v1.FrameGuardState"),
                 }
             },
             { "xlm.v1.PrefixCacheStatus", new ProtoField[]
@@ -407,6 +409,36 @@ namespace Xlm.Sidecar.Grpc
                     new ProtoField(1, "tokensFreed", ProtoType.UInt32, null),
                 }
             },
+            { "xlm.v1.FrameReport", new ProtoField[]
+                {
+                    new ProtoField(1, "frames", ProtoType.UInt32, null),
+                    new ProtoField(2, "windowMs", ProtoType.Double, null),
+                    new ProtoField(3, "frameMsP50", ProtoType.Double, null),
+                    new ProtoField(4, "frameMsP99", ProtoType.Double, null),
+                    new ProtoField(5, "frameMsMax", ProtoType.Double, null),
+                    new ProtoField(6, "framesOverBudget", ProtoType.UInt32, null),
+                    new ProtoField(7, "frameBudgetMs", ProtoType.Double, null),
+                    new ProtoField(8, "gpuFrameMsP99", ProtoType.Double, null),
+                }
+            },
+            { "xlm.v1.FrameGuardState", new ProtoField[]
+                {
+                    new ProtoField(1, "enabled", ProtoType.Bool, null),
+                    new ProtoField(2, "source", ProtoType.String, null),
+                    new ProtoField(3, "frameBudgetMs", ProtoType.Double, null),
+                    new ProtoField(4, "maxThreads", ProtoType.UInt32, null),
+                    new ProtoField(5, "maxPassTokens", ProtoType.UInt32, null),
+                    new ProtoField(6, "pauseMs", ProtoType.Double, null),
+                    new ProtoField(7, "lowPriority", ProtoType.Bool, null),
+                    new ProtoField(8, "reason", ProtoType.String, null),
+                    new ProtoField(9, "gameFrameMsP99", ProtoType.Double, null),
+                    new ProtoField(10, "gameOverBudgetShare", ProtoType.Double, null),
+                    new ProtoField(11, "gameBusyCores", ProtoType.Double, null),
+                    new ProtoField(12, "gameBusyThreads", ProtoType.UInt32, null),
+                    new ProtoField(13, "changes", ProtoType.UInt64, null),
+                    new ProtoField(14, "reports", ProtoType.UInt64, null),
+                }
+            },
         };
 
         internal static readonly Dictionary<string, string[]> Enums = new Dictionary<string, string[]>
@@ -430,6 +462,7 @@ namespace Xlm.Sidecar.Grpc
             { "Embed", new ProtoMethod("/xlm.v1.Sidecar/Embed", "xlm.v1.EmbedRequest", "xlm.v1.EmbedResponse", false) },
             { "Tokenize", new ProtoMethod("/xlm.v1.Sidecar/Tokenize", "xlm.v1.TokenizeRequest", "xlm.v1.TokenizeResponse", false) },
             { "Detokenize", new ProtoMethod("/xlm.v1.Sidecar/Detokenize", "xlm.v1.DetokenizeRequest", "xlm.v1.DetokenizeResponse", false) },
+            { "ReportFrames", new ProtoMethod("/xlm.v1.Sidecar/ReportFrames", "xlm.v1.FrameReport", "xlm.v1.FrameGuardState", false) },
         };
     }
 }
