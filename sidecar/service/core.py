@@ -195,6 +195,9 @@ class SidecarService:
     async def set_budget(self, request: pb.SetBudgetRequest) -> pb.SetBudgetResponse:
         self._refuse_while_draining()
         control = self.budget_control
+        if request.HasField("ram_size"):
+            # Refused rather than ignored until the runtime RAM budget lands (issue 27).
+            raise Unimplemented("a RAM budget is set at launch for now (--ram-budget), not by SetBudget")
         threads = check_thread_cap(request.max_cpu_threads) if request.HasField("max_cpu_threads") else None
         which = request.WhichOneof("vram")
         if which == "vram_size":
