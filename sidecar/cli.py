@@ -19,7 +19,7 @@ from sidecar import __version__
 from sidecar.errors import InvalidArgument, ModelLoadError
 
 EXIT_FAILURE, EXIT_USAGE, EXIT_MODEL, EXIT_LISTEN, EXIT_UNREACHABLE = 1, 2, 3, 4, 5
-SUBCOMMANDS = ("serve", "chat", "ask", "status", "testmodels", "profile")
+SUBCOMMANDS = ("serve", "chat", "ask", "status", "budget", "testmodels", "profile")
 
 
 def _add_serve(sub: argparse._SubParsersAction) -> None:
@@ -125,6 +125,16 @@ def _add_status(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=_run_status)
 
 
+def _add_budget(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("budget", help="change a running daemon's budget (SetBudget), as the game does; "
+                       "with no flag, show the one in force")
+    p.add_argument("--vram", metavar="SIZE", help="VRAM the game grants: 512M, 3G, 0 = CPU only")
+    p.add_argument("--threads", type=int, metavar="N", help="most CPU threads per pass; 0 removes the cap")
+    p.add_argument("--ram", metavar="SIZE", help="host memory the daemon may hold: 512M, 2G; 0 removes the budget")
+    _add_client_flags(p)
+    p.set_defaults(run=_run_budget)
+
+
 def _register_optional(sub: argparse._SubParsersAction) -> None:
     # Commands that live with their own subsystem register themselves; a subsystem missing from a
     # trimmed build (e.g. a frozen game bundle without the profiler) just lacks its command.
@@ -149,6 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_chat(sub)
     _add_ask(sub)
     _add_status(sub)
+    _add_budget(sub)
     _register_optional(sub)
     return parser
 
@@ -284,7 +295,7 @@ def _run_status(args: argparse.Namespace) -> int:
     print(f"model     {m.name} ({m.architecture}, {m.parameters / 1e6:.0f}M parameters, {format_size(m.file_bytes)})")
     print(f"budget    VRAM {format_size(status.budget.vram_bytes)}, CPU threads {status.budget.max_cpu_threads or 'no cap'}")
     m = status.memory
-    ram = f" of --ram-budget {format_size(m.ram_budget_bytes)}" if m.ram_budget_bytes else ""
+    ram = f" of RAM budget {format_size(m.ram_budget_bytes)}" if m.ram_budget_bytes else ", no RAM budget"
     print(f"memory    resident {format_size(m.host_resident_bytes)}{ram}; KV cache {format_size(m.kv_cache_bytes)} used of "
           f"{format_size(m.kv_cache_held_bytes)} held ({m.kv_sequences} of at most {m.kv_sequences_max} sequences); "
           f"prefix cache {format_size(m.prefix_cache_bytes)}; evicted sessions {format_size(m.saved_sessions_bytes)}")
@@ -314,6 +325,33 @@ def _run_status(args: argparse.Namespace) -> int:
     print(f"sessions  {len(status.sessions)} of {status.limits.max_sessions}")
     for s in status.sessions:
         print(f"          {s.session_id}: {s.tokens} tokens")
+    return 0
+
+
+def _run_budget(args: argparse.Namespace) -> int:
+    from sidecar.api import pb
+    from sidecar.budget import format_size
+
+    request = pb.SetBudgetRequest()
+    if args.vram is not None:
+        request.vram_size = args.vram
+    if args.threads is not None:
+        request.max_cpu_threads = args.threads
+    if args.ram is not None:
+        request.ram_size = args.ram
+    with _client(args) as client:
+        try:
+            if args.vram is not None or args.threads is not None or args.ram is not None:
+                answer = client.set_budget(request)
+                print(f"in force  reloaded {'yes' if answer.reloaded else 'no'}, paused {answer.pause_ms:.0f} ms")
+            status = client.status()
+        except grpc.RpcError as e:
+            return _rpc_failure(e, client.address)
+    m = status.memory
+    print(f"budget    VRAM {format_size(status.budget.vram_bytes)}, CPU threads {status.budget.max_cpu_threads or 'no cap'}, "
+          f"RAM {format_size(m.ram_budget_bytes) if m.ram_budget_bytes else 'no budget'}")
+    print(f"memory    KV {m.kv_sequences} of at most {m.kv_sequences_max} sequences ({format_size(m.kv_cache_held_bytes)} "
+          f"held); prefix cache {format_size(m.prefix_cache_bytes)}; evicted sessions {format_size(m.saved_sessions_bytes)}")
     return 0
 
 

@@ -59,23 +59,26 @@ def parallel_for(parallel: int, model_path: Path, ctx: int) -> int:
     return auto_parallel(kv, psutil.virtual_memory().total)
 
 
-def sequences_within(ram_budget: int, model_bytes: int, sequence_kv_bytes: int, prefix_cache_bytes: int, ctx: int) -> int:
+def sequences_within(ram_budget: int, model_bytes: int, sequence_kv_bytes: int, prefix_cache_bytes: int, ctx: int,
+                     budget_name: str = "--ram-budget") -> int:
     """Sequences whose KV fits in `ram_budget` beside the weights, the process and the prefix cache;
-    InvalidArgument, saying what the model needs, when not even one does."""
+    InvalidArgument, saying what the model needs, when not even one does (`budget_name`: the flag or
+    field the budget came in, SetBudget's ram_size at runtime)."""
     saved = int(ram_budget * SAVED_SESSIONS_SHARE)
     left = ram_budget - PROCESS_BYTES - model_bytes - prefix_cache_bytes - saved
     n = left // max(sequence_kv_bytes, 1)
     if n < 1:
         need = PROCESS_BYTES + model_bytes + prefix_cache_bytes + saved + sequence_kv_bytes
         raise InvalidArgument(
-            f"--ram-budget {ram_budget >> 20} MiB is below what this model needs: {need >> 20} MiB (weights "
+            f"{budget_name} {ram_budget >> 20} MiB is below what this model needs: {need >> 20} MiB (weights "
             f"{model_bytes >> 20}, one conversation's KV at --ctx {ctx} {sequence_kv_bytes >> 20}, prefix cache "
             f"{prefix_cache_bytes >> 20}, evicted sessions {saved >> 20}, the process {PROCESS_BYTES >> 20}); "
             "give more, or lower --ctx")
     return int(n)
 
 
-def ram_ceiling(ram_budget: int, model_path: Path, ctx: int, prefix_cache_bytes: int) -> int:
+def ram_ceiling(ram_budget: int, model_path: Path, ctx: int, prefix_cache_bytes: int,
+                budget_name: str = "--ram-budget") -> int:
     """The most sequences a RAM budget holds for this model and context."""
     from sidecar.model_info.gguf_reader import GgufReadError
 
@@ -84,4 +87,4 @@ def ram_ceiling(ram_budget: int, model_path: Path, ctx: int, prefix_cache_bytes:
         size = Path(model_path).stat().st_size
     except (GgufReadError, OSError):
         return AUTO_MIN  # loading the model says what is wrong with it
-    return sequences_within(ram_budget, size, kv, prefix_cache_bytes, ctx)
+    return sequences_within(ram_budget, size, kv, prefix_cache_bytes, ctx, budget_name)

@@ -36,6 +36,7 @@ from sidecar.guard.frame_guard import GuardSettings
 from sidecar.guard.guard_task import FrameGuard
 from sidecar.service.budget_control import BudgetControl
 from sidecar.service.core import ServiceInfo, SidecarService
+from sidecar.service.ram_budget import RamRule
 from sidecar.service.transports import start_transports
 from sidecar.settings import Settings
 
@@ -78,6 +79,7 @@ async def serve_local(settings: Settings, lifecycle: DaemonLifecycle, ready: asy
             lambda b, micro_batch=None: engine_config(settings, b, inputs_holder[0], projector,
                                                    kv_type=engine.config.kv_type, micro_batch=micro_batch),
             service.state, lambda: gpu_free_bytes(engine.config.device),
+            ram_bytes=settings.ram_budget_bytes, ram_rule=RamRule(settings),
         )
         await service.budget_control.fit_to_measured()
         guard_task = _start_frame_guard(settings, service, engine)

@@ -128,16 +128,17 @@ class Settings(BaseSettings):
             raise ValueError("give the server's OpenAI API base, e.g. http://host:8000/v1")
         return value
 
-    def sequences(self) -> int:
+    def sequences(self, budget_name: str = "--ram-budget") -> int:
         """The most conversations held in the KV cache at once: --parallel, or what memory affords
-        (crowd.py), never more than --ram-budget holds (InvalidArgument when it holds none)."""
+        (crowd.py), never more than --ram-budget holds (InvalidArgument when it holds none, naming
+        the budget `budget_name`)."""
         from sidecar.crowd import parallel_for, ram_ceiling
         from sidecar.default_model import default_model_path
 
         model = self.model or default_model_path()
         n = parallel_for(self.parallel, model, self.ctx)
         if self.ram_budget_bytes:
-            n = min(n, ram_ceiling(self.ram_budget_bytes, model, self.ctx, self.prefix_cache_bytes))
+            n = min(n, ram_ceiling(self.ram_budget_bytes, model, self.ctx, self.prefix_cache_bytes, budget_name))
         return n
 
     def start_sequences(self) -> int:

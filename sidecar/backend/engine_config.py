@@ -104,6 +104,13 @@ class EngineConfig:
 _THREAD_FIELDS = {"threads_decode", "threads_prefill", "tier_threads", "schedule"}
 
 
-def same_placement(a: EngineConfig, b: EngineConfig) -> bool:
-    """True when two configurations differ at most in threads, which need no reload."""
-    return all(getattr(a, f) == getattr(b, f) for f in a.__dataclass_fields__ if f not in _THREAD_FIELDS)
+# A RAM budget's shares (SetBudget.ram_size): the engine takes them between passes, resizing its
+# sequences as kv_demand.py does, with no rebuild of the model.
+MEMORY_FIELDS = {"n_seq", "n_seq_start", "grow_beside", "prefix_cache_bytes", "saved_sessions_bytes", "n_outputs_max"}
+
+
+def same_placement(a: EngineConfig, b: EngineConfig, *, memory: bool = True) -> bool:
+    """True when two configurations differ at most in threads, which need no reload; with
+    `memory=False`, in threads and the RAM budget's shares (MEMORY_FIELDS), which need none either."""
+    ignored = _THREAD_FIELDS if memory else _THREAD_FIELDS | MEMORY_FIELDS
+    return all(getattr(a, f) == getattr(b, f) for f in a.__dataclass_fields__ if f not in ignored)

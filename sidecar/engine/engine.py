@@ -47,7 +47,8 @@ from sidecar.engine.scheduling.packing import packing_moves, swap
 from sidecar.engine.loading import context_for, load_model_and_context
 from sidecar.engine.session_turn import remember_turn
 from sidecar.engine.inbox import ImageReady, InboxMessage, Stop
-from sidecar.engine.kv_demand import SequencePool, grown_count, resize, shrunk_count, swap_in
+from sidecar.engine.kv_demand import (SequencePool, ceiling_count, grown_count, park_beyond, resize, shrunk_count,
+                                      swap_in)
 from sidecar.engine.model_calls import ModelCall, ModelCalls
 from sidecar.engine.reload import Reloading, ReloadRequest, release_freed_memory
 from sidecar.engine.scheduling.resent_admission import check_not_ended, resolve_waiting, still_resolved
@@ -294,6 +295,7 @@ class Engine(Reloading):
     def _admit(self) -> None:
         """Bind waiting requests to free sequences, in arrival order; a request whose session is
         mid-turn elsewhere waits for that turn to end."""
+        self._shrink_to_ceiling()
         for job, error in resolve_waiting(self._waiting, self._slots, self.sessions):
             job.sink(error)
         self._plan_sharing()
@@ -318,7 +320,7 @@ class Engine(Reloading):
             if self.sharing.must_wait(job):
                 still_waiting.append(job)  # another request is computing its prefix right now
                 continue
-            choice = choose_slot(job, self._slots, self.sessions, self._one_off_prompt_tokens)
+            choice = choose_slot(job, self.pool.admissible(self._slots), self.sessions, self._one_off_prompt_tokens)
             if choice is None:
                 still_waiting.append(job)
                 blocked += all(s.busy for s in self._slots)
@@ -373,6 +375,16 @@ class Engine(Reloading):
         if self.pool.growing:
             return
         n = shrunk_count(self.pool.allocated, self.pool.start, time.monotonic() - self.pool.quiet_since)
+        if n is not None:
+            self._resize(n)
+
+    def _shrink_to_ceiling(self) -> None:
+        """A RAM budget lowered below the sequences allocated: those beyond the new ceiling go as
+        soon as no reply streams in them (kv_demand.py); the busy ones first finish where they are."""
+        if self.pool.allocated <= self.pool.ceiling:
+            return
+        park_beyond(self._slots, self.pool.ceiling, self._ctx, self.sessions)
+        n = ceiling_count(self._slots, self.pool.ceiling)
         if n is not None:
             self._resize(n)
 

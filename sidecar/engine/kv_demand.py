@@ -12,6 +12,12 @@ then moves every cached sequence into it between two passes: the streams running
 and pause only for the copy of their cells. Shrinking happens only when nothing runs, and in the
 loop: the sessions whose sequences go are evicted to host memory first, as when more sessions than
 sequences talk, and come back when they speak again.
+
+A RAM budget set while the daemon runs (SetBudget.ram_size) moves the ceiling itself. Raising it
+lets the next crowd grow further; lowering it below what is allocated gives back the sequences
+beyond it as soon as no reply streams in them: the idle ones at once, the busy ones as their
+replies end (a streaming reply is never cut for memory), and none is admitted past the ceiling
+meanwhile.
 """
 
 from __future__ import annotations
@@ -61,6 +67,8 @@ class SequencePool:
     def __init__(self, config: EngineConfig) -> None:
         self.start = config.n_seq_start or config.n_seq
         self.allocated = self.start
+        # The most sequences the KV may hold now (EngineConfig.n_seq); a RAM budget moves it.
+        self.ceiling = config.n_seq
         self.quiet_since = time.monotonic()
         self.resizes = 0
         self.last_resize_ms = 0.0
@@ -114,11 +122,42 @@ class SequencePool:
         if made is not None:
             made.close()
 
+    def take_ceiling(self, config: EngineConfig) -> None:
+        """A new ceiling (and start) from a RAM budget change; a bigger context being made for the
+        old ceiling is dropped (settle), as it may hold more than the new one allows."""
+        if config.n_seq != self.ceiling:
+            self.settle()
+        self.ceiling = config.n_seq
+        self.start = min(config.n_seq_start or config.n_seq, config.n_seq)
+
+    def admissible(self, slots: list[Slot]) -> list[Slot]:
+        """The slots a request may be given: those under the ceiling. The busy ones beyond it stay
+        listed, so a session mid-turn there is still seen as mid-turn (one turn at a time)."""
+        return slots if self.allocated <= self.ceiling else [s for s in slots if s.seq < self.ceiling or s.busy]
+
     def wait_s(self) -> float | None:
         """How long the loop may block for a message before a shrink falls due; None: forever."""
+        if self.allocated > self.ceiling:
+            return 0.05  # over a lowered RAM budget: give back what is idle without delay
         if self.allocated <= self.start:
             return None
         return max(SHRINK_IDLE_S - (time.monotonic() - self.quiet_since), 0.05)
+
+
+def ceiling_count(slots: list[Slot], ceiling: int) -> int | None:
+    """Sequences to shrink to when more are allocated than the ceiling: down to it, or to just
+    above the highest busy sequence (its reply goes on where it is); None: nothing to give back."""
+    n = max(ceiling, max((s.seq + 1 for s in slots if s.busy), default=0))
+    return n if n < len(slots) else None
+
+
+def park_beyond(slots: list[Slot], ceiling: int, ctx: NativeContext, sessions: SessionStore) -> None:
+    """Move the caches of the idle sequences at or past the ceiling to host memory (as when more
+    sessions talk than there are sequences), so none of them is admitted to, or is a session's
+    home, while the busy ones around them finish."""
+    for slot in slots[ceiling:]:
+        if not slot.busy and (slot.cached or slot.session_id is not None):
+            evict(slot, ctx, sessions)
 
 
 def swap_in(ctx: NativeContext, new_ctx: NativeContext, slots: list[Slot]) -> list[Slot]:

@@ -1,6 +1,8 @@
 """Switching the engine to a new configuration between two forward passes.
 
-A change of threads is read per pass and needs nothing. Anything else (placement, context, batch
+A change of threads is read per pass and needs nothing; a RAM budget's shares (the KV's ceiling of
+sequences, the prefix cache's and the evicted sessions' bounds) are taken between two passes
+without a rebuild (kv_demand.py). Anything else (placement, context, batch
 sizes) saves every sequence's KV state to host memory, frees model and context, builds them anew
 and restores the sequences, so each conversation goes on where it was; if the new configuration
 does not load, the old one is built again around the same saved states.
@@ -22,7 +24,7 @@ from sidecar.backend.engine_config import EngineConfig, same_placement
 from sidecar.backend.load_report import parse_load_log
 from sidecar.backend.phase import EnginePhase
 from sidecar.engine.loading import load_model_and_context
-from sidecar.errors import EngineFailure, SidecarError
+from sidecar.errors import EngineFailure, FailedPrecondition, SidecarError
 
 log = structlog.get_logger("engine")
 
@@ -50,9 +52,14 @@ class Reloading:
 
     def _reload(self, request: ReloadRequest) -> None:
         """Save every sequence, rebuild model and context with the new configuration, restore."""
-        if not request.force and same_placement(self.config, request.config):
-            self.config = request.config  # threads are read per pass: nothing to rebuild
-            request.done.set_result((False, 0.0))
+        if not request.force and same_placement(self.config, request.config, memory=False):
+            # Threads are read per pass, and the RAM budget's shares need no rebuild either.
+            if request.config.n_seq != self.config.n_seq and not self.model.plain_kv:
+                request.done.set_exception(FailedPrecondition(
+                    "this model's KV cache (sliding-window or recurrent) cannot change its number of sequences "
+                    "while it runs; give it --ram-budget at launch"))
+                return
+            request.done.set_result((False, self._take_memory_shares(request.config)))
             return
         t0 = time.perf_counter()
         self.phase = EnginePhase.RELOADING
@@ -94,6 +101,20 @@ class Reloading:
         self.last_reload_pause_ms = (time.perf_counter() - t0) * 1000.0
         log.info("reloaded", pause_ms=round(self.last_reload_pause_ms, 1), sequences=restored)
         request.done.set_result((True, self.last_reload_pause_ms))
+
+    def _take_memory_shares(self, config: EngineConfig) -> float:
+        """`config` in force between two passes: the prefix cache and the evicted sessions' states
+        within their new bounds, the KV's ceiling moved, and the sequences past a lowered one given
+        back now where they are idle (the busy ones as their replies end). The resize's pause, ms."""
+        self.config = config
+        self.pool.take_ceiling(config)
+        self.sessions.max_saved_bytes = config.saved_sessions_bytes
+        self.sessions.keep_saved_within()
+        self.sharing.cache.max_bytes = config.prefix_cache_bytes
+        self.sharing.cache.keep_within()
+        resizes = self.pool.resizes
+        self._shrink_to_ceiling()
+        return self.pool.last_resize_ms if self.pool.resizes > resizes else 0.0
 
     def _restore_all(self, saved: dict[int, bytes]) -> None:
         for seq, state in saved.items():

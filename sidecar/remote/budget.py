@@ -4,7 +4,8 @@ A daemon that forwards generation holds no model, no KV cache and no VRAM, and s
 CPU, so every budget the game grants is already kept: the call records it (status and WatchState
 show it) and returns at once, reloaded = false. The game's code stays the same in both modes.
 The server's own memory is its operator's to size (vLLM's --gpu-memory-utilization, llama.cpp's
--ngl / --fit), not the game's.
+-ngl / --fit), not the game's. A RAM budget (ram_size) is refused instead of recorded: it would
+say the daemon keeps the conversations within it, and they live on the server.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import structlog
 
 from sidecar.budget import Budget
+from sidecar.errors import Unimplemented
 from sidecar.service.budget_control import BudgetChange
 from sidecar.service.state import StateHub
 
@@ -35,6 +37,10 @@ class RemoteBudget:
         the VRAM budget in force stays as it was."""
         threads = self.budget.max_cpu_threads if max_cpu_threads is None else max_cpu_threads
         return self._record(Budget(vram_bytes=self.budget.vram_bytes, max_cpu_threads=threads), "auto")
+
+    async def set_ram(self, ram_bytes: int) -> BudgetChange:
+        raise Unimplemented("a RAM budget applies to a model served here; in remote mode the conversations' memory "
+                            "is the remote server's (size it there)")
 
     def close(self) -> None:
         pass

@@ -5,6 +5,10 @@ quality preset). Each update is planned (a pure function of the budget) and hand
 which switches at a step boundary: threads at once, placement by a reload that keeps every
 conversation. The game's call returns once the new budget is in force, so when it shrinks the
 budget it knows the memory is free by the time the call returns.
+
+A RAM budget (SetBudget.ram_size) is sized by the launch rule (ram_budget.py) and needs no plan:
+the engine takes the new ceiling of sequences and the caches' bounds between two passes. Its shares
+then ride on every later plan, so a VRAM change does not bring back the launch's.
 """
 
 from __future__ import annotations
@@ -16,11 +20,12 @@ from dataclasses import dataclass
 
 import structlog
 
-from sidecar.budget import Budget, parse_size
+from sidecar.budget import Budget, format_size, parse_size
 from sidecar.backend.contract import Backend
 from sidecar.backend.engine_config import EngineConfig
 from sidecar.backend.engine_config import same_placement
-from sidecar.errors import FailedPrecondition, InvalidArgument
+from sidecar.errors import FailedPrecondition, InvalidArgument, Unimplemented
+from sidecar.service.ram_budget import MemoryShares, RamRule
 from sidecar.service.state import StateHub
 
 log = structlog.get_logger("budget")
@@ -69,9 +74,15 @@ class BudgetChange:
 class BudgetControl:
     """Owns the budget in force. Used from the daemon's event loop only."""
 
-    def __init__(self, engine: Backend, budget: Budget, plan: PlanFn, state: StateHub, gpu_free: GpuFreeFn) -> None:
+    def __init__(self, engine: Backend, budget: Budget, plan: PlanFn, state: StateHub, gpu_free: GpuFreeFn,
+                 *, ram_bytes: int = 0, ram_rule: RamRule | None = None) -> None:
         self.engine = engine
         self.budget = budget
+        # The RAM budget in force (0: none): --ram-budget until SetBudget.ram_size changes it.
+        self.ram_bytes = ram_bytes
+        self._ram_rule = ram_rule
+        # None until a RAM budget is set at runtime: plans then carry the launch's shares as they are.
+        self._shares: MemoryShares | None = None
         self._plan = plan
         self._state = state
         self._gpu_free = gpu_free
@@ -102,6 +113,30 @@ class BudgetControl:
         """Plan the budget in force again (the plan function's inputs changed: a measured machine
         profile landed) and switch as a budget change does; automatic mode carries on."""
         return await self._apply(self.budget.vram_bytes, None, reason=reason)
+
+    async def set_ram(self, ram_bytes: int) -> BudgetChange:
+        """Put a RAM budget in force (0 removes it): fewer or more sequences, smaller or larger
+        caches. InvalidArgument, with what the model needs, changes nothing. Lowering it with
+        conversations streaming cuts none: the sequences they are in go as their replies end."""
+        if self._ram_rule is None:
+            raise Unimplemented("this daemon was started without RAM budget control")
+        shares = self._ram_rule.shares(ram_bytes)  # InvalidArgument before anything changes
+        async with self._lock:
+            started = time.perf_counter()
+            config = shares.apply(self.engine.config)
+            reloaded, pause_ms = await asyncio.wrap_future(self.engine.reload(config))
+            self._shares, self.ram_bytes = shares, ram_bytes
+            log.info(
+                "ram budget in force",
+                ram_budget=format_size(ram_bytes) if ram_bytes else "none",
+                sequences_max=config.n_seq,
+                prefix_cache=format_size(config.prefix_cache_bytes),
+                saved_sessions=format_size(config.saved_sessions_bytes) if ram_bytes else "no cap",
+                pause_ms=round(pause_ms, 1),
+                took_ms=round((time.perf_counter() - started) * 1000, 1),
+            )
+            self._state.publish(budget=self.budget, reason="ram budget")
+            return BudgetChange(self.budget, reloaded, pause_ms)
 
     def close(self) -> None:
         self._stop_auto()
@@ -141,7 +176,7 @@ class BudgetControl:
             log.warning("llama.cpp took more VRAM than planned; planning again with less",
                         granted=granted.vram_bytes, measured=measured, planned=self.engine.config.planned_vram_bytes,
                         next_budget=smaller.vram_bytes)
-            config = await asyncio.to_thread(self._plan, smaller)
+            config = self._with_ram(await asyncio.to_thread(self._plan, smaller))
             done, ms = await asyncio.wrap_future(self.engine.reload(config))
             planned_for, reloaded, pause_ms = smaller, reloaded or done, pause_ms + ms
         return reloaded, pause_ms
@@ -153,13 +188,17 @@ class BudgetControl:
         stream for a second or two to win a few percent of prefill. A measured profile landing
         ("profile") is new knowledge of the machine and may change it."""
         # Planning searches every tier's placements: off the event loop, or every stream stalls.
-        config = await asyncio.to_thread(self._plan, budget)
+        config = self._with_ram(await asyncio.to_thread(self._plan, budget))
         current = self.engine.config
         in_force = getattr(current.schedule, "micro_batch", None)
-        if not keep_micro_batch or in_force is None or same_placement(current, config):
+        if not keep_micro_batch or in_force is None or same_placement(current, config, memory=False):
             return config
-        kept = await asyncio.to_thread(self._plan, budget, in_force)
-        return kept if same_placement(current, kept) else config
+        kept = self._with_ram(await asyncio.to_thread(self._plan, budget, in_force))
+        return kept if same_placement(current, kept, memory=False) else config
+
+    def _with_ram(self, config: EngineConfig) -> EngineConfig:
+        # The plan knows the launch's RAM budget only: a runtime one replaces its shares.
+        return config if self._shares is None else self._shares.apply(config)
 
     def _stop_auto(self) -> None:
         if self._auto_task is not None:

@@ -195,32 +195,44 @@ class SidecarService:
     async def set_budget(self, request: pb.SetBudgetRequest) -> pb.SetBudgetResponse:
         self._refuse_while_draining()
         control = self.budget_control
-        if request.HasField("ram_size"):
-            # Refused rather than ignored until the runtime RAM budget lands (issue 27).
-            raise Unimplemented("a RAM budget is set at launch for now (--ram-budget), not by SetBudget")
         threads = check_thread_cap(request.max_cpu_threads) if request.HasField("max_cpu_threads") else None
         which = request.WhichOneof("vram")
         if which == "vram_size":
             vram = parse_size(request.vram_size)  # INVALID_ARGUMENT before anything else
+        ram = parse_size(request.ram_size) if request.HasField("ram_size") else None
         backend = self.ready_backend()
         if control is None:
             raise Unimplemented("this daemon was started without budget control")
         # Shielded: a game that asked for its VRAM back and then dropped the call (a scene load
         # with a deadline) still gets it back, and the budget we report stays the one in force.
-        if which == "auto_reserve_bytes":
-            update = control.follow_free_vram(request.auto_reserve_bytes, threads)
-        elif which in ("vram_size", "vram_bytes"):
-            update = control.set(vram if which == "vram_size" else request.vram_bytes, threads)
-        else:  # only the thread cap changes
-            update = control.set(control.budget.vram_bytes, threads)
-        change = await asyncio.shield(update)
+        # The RAM budget goes first: a budget too small for the model is refused before the VRAM
+        # part changes anything, and a VRAM re-plan then carries the new RAM shares.
+        reloaded, pause_ms = False, 0.0
+        if ram is not None:
+            change = await asyncio.shield(control.set_ram(ram))
+            reloaded, pause_ms = change.reloaded, change.pause_ms
+        if ram is None or which is not None or threads is not None:
+            if which == "auto_reserve_bytes":
+                update = control.follow_free_vram(request.auto_reserve_bytes, threads)
+            elif which in ("vram_size", "vram_bytes"):
+                update = control.set(vram if which == "vram_size" else request.vram_bytes, threads)
+            else:  # only the thread cap changes
+                update = control.set(control.budget.vram_bytes, threads)
+            change = await asyncio.shield(update)
+            reloaded, pause_ms = reloaded or change.reloaded, pause_ms + change.pause_ms
         self.budget = change.budget
         return pb.SetBudgetResponse(
             budget=convert.budget_to_pb(change.budget),
             schedule=convert.schedule_to_pb(backend.config),
-            reloaded=change.reloaded,
-            pause_ms=change.pause_ms,
+            reloaded=reloaded,
+            pause_ms=pause_ms,
         )
+
+    @property
+    def ram_budget_bytes(self) -> int:
+        """The RAM budget in force: --ram-budget until SetBudget.ram_size changes it (0: none)."""
+        # Before the model is loaded there is no control yet; remote mode's holds no RAM budget.
+        return getattr(self.budget_control, "ram_bytes", self.info.ram_budget_bytes)
 
     def _refuse_while_draining(self) -> None:
         if self.draining:
@@ -256,7 +268,7 @@ class SidecarService:
             listen_addresses=list(self.info.listen_addresses),
             max_message_bytes=self.info.max_message_bytes,
             max_image_bytes=self.info.max_image_bytes,
-            ram_budget_bytes=self.info.ram_budget_bytes,
+            ram_budget_bytes=self.ram_budget_bytes,
         )
         if self.state.current.profile is not None:
             status.profile.CopyFrom(profile_to_pb(self.state.current.profile))

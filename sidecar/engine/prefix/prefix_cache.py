@@ -86,6 +86,13 @@ class PrefixCache:
             self._bytes += len(state)
         return True
 
+    def keep_within(self) -> None:
+        """Drop the least recently used entries past `max_bytes` (a RAM budget lowered it)."""
+        with self._lock:
+            while self._entries and self._bytes > self.max_bytes:
+                lru_key, lru = self._entries.popitem(last=False)
+                self._forget(lru_key, lru)
+
     def _forget(self, key: tuple[int, int], entry: PrefixEntry) -> None:
         self._bytes -= len(entry.state)
         self._lengths[key[0]] -= 1
