@@ -34,6 +34,7 @@ FIXTURES = ADDON / "protocol_fixtures"
 PROTOCOL_GD = ADDON / "xlm_protocol.gd"
 CLIENT_GD = ADDON / "xlm_sidecar_client.gd"
 OPTIONS_GD = ADDON / "xlm_ask_options.gd"
+REPORTER_GD = ADDON / "xlm_frame_reporter.gd"
 TOKEN_PLACEHOLDER = "$TOKEN"
 TERMINALS = ("end", "result", "error")
 # Steps the client takes by itself or that are not a method call.
@@ -56,6 +57,7 @@ SHAPE_MESSAGES = {
     "EmbedResponse": pb.EmbedResponse,
     "TokenizeResponse": pb.TokenizeResponse,
     "DetokenizeResponse": pb.DetokenizeResponse,
+    "FrameGuardState": pb.FrameGuardState,
 }
 # Map fields of sent requests: their keys are data (token ids), not protocol names.
 MAP_FIELDS = {"logitBias"}
@@ -164,9 +166,14 @@ def test_protocol_names_are_spelled_only_in_xlm_protocol() -> None:
     assert not offenders, f"use XlmProtocol's constants instead: {offenders}"
 
 
+def _functions(path: Path) -> set[str]:
+    return set(re.findall(r"^func ([a-z][a-z0-9_]*)\(", path.read_text(encoding="utf-8"), flags=re.M))
+
+
 def test_fixture_steps_name_real_client_methods_and_options() -> None:
-    client = CLIENT_GD.read_text(encoding="utf-8")
-    methods = set(re.findall(r"^func ([a-z][a-z0-9_]*)\(", client, flags=re.M))
+    """A step names a method of the client, or of its frame reporter (`frame_reporter.report`)."""
+    assert re.search(r"^var frame_reporter: FrameReporter\b", CLIENT_GD.read_text(encoding="utf-8"), flags=re.M)
+    methods = _functions(CLIENT_GD) | {f"frame_reporter.{name}" for name in _functions(REPORTER_GD)}
     options = set(re.findall(r"^@export\w* var ([a-z][a-z0-9_]*)", OPTIONS_GD.read_text(encoding="utf-8"), flags=re.M))
     for fixture in ALL_STEP_FIXTURES:
         for step in load(fixture)["steps"]:
@@ -206,6 +213,33 @@ def test_every_frame_the_addon_sends_is_one_the_bridge_accepts(fixture_name: str
             parsed = json_frames.parse_client_frame(json.dumps(substitute(frame, "t" * 32)))
             if "method" in frame:
                 assert isinstance(parsed, json_frames.CallFrame) and parsed.call.name == frame["method"]
+
+
+def test_the_frame_report_fixture_sums_up_its_frames() -> None:
+    """What xlm_protocol.gd's frame_report_request must send for the fixture's frames, worked out
+    here on its own: the median and 99th percentile by nearest rank, the longest frame, the frames
+    over the budget; proto3 JSON of a FrameReport whose figures the daemon's guard takes."""
+    import math
+
+    from google.protobuf import json_format
+
+    from sidecar.guard.guard_task import check_report
+
+    [step] = load("report_frames.json")["steps"]
+    args, [frame] = step["args"], step["sends"]
+    ordered = sorted(args["frame_ms"])
+
+    def rank(q: float) -> float:
+        return ordered[max(0, min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1))]
+
+    budget = args["budget_ms"]
+    assert frame["request"] == {
+        "frames": len(ordered), "windowMs": args["window_ms"], "frameMsP50": rank(0.5), "frameMsP99": rank(0.99),
+        "frameMsMax": ordered[-1], "framesOverBudget": sum(1 for f in ordered if f > budget), "frameBudgetMs": budget,
+        "gpuFrameMsP99": 0,
+    }
+    check_report(json_format.ParseDict(frame["request"], pb.FrameReport()))
+    assert budget == 1000 / 60, "the budget of the 60 fps the reporter assumes without Engine.max_fps"
 
 
 def test_enums_the_addon_knows_are_the_protos() -> None:

@@ -47,6 +47,8 @@ CORE_OFFLINE = [
     "token_controls_map_to_protobuf_json",
     "budget_table_prefers_scene_then_quality",
     "launcher_quotes_arguments_for_the_command_line",
+    "frame_stats_give_percentiles_and_reset",
+    "frame_reports_map_to_protobuf_json",
 ]
 CORE_LIVE = [
     "streaming_arrives_in_chunks_on_the_main_thread",
@@ -67,6 +69,9 @@ CORE_LIVE = [
     "a_gbnf_grammar_holds_the_reply",
     "embeddings_are_unit_vectors_of_one_length",
     "tokenize_and_detokenize_round_trip",
+    # Frame reports (FrameTests.cs): ReportFrames, the status's frame_guard, FrameReporter.
+    "frame_reports_reach_the_guard",
+    "frame_reporter_sends_once_a_window_off_the_main_thread",
 ]
 CORE_VISION = ["screenshot_question_about_raw_pixels"]
 # On SmolLM2: the tiny random llama would not close a call's JSON within a sane max_tokens.
@@ -93,6 +98,7 @@ COMPONENTS_LIVE = [
     "npc_dialogue_cancel_and_a_new_line_cancels_the_old",
     "vram_budget_follows_quality_and_scene",
     "launcher_launches_and_stops_with_the_game_object",
+    "launcher_reports_frames_once_a_second",
 ]
 
 
@@ -285,6 +291,18 @@ def test_the_readme_token_controls_example_compiles(build: Build, tmp_path: Path
              f"-out:{tmp_path / 'Choices.dll'}", str(source))
 
 
+def test_the_readme_frame_report_example_compiles(build: Build, tmp_path: Path) -> None:
+    """The frame-report example in clients/unity/README.md (the C# block that calls ReportFramesAsync)."""
+    readme = (UNITY / "README.md").read_text()
+    [example] = [b.split("```", 1)[0] for b in readme.split("```csharp\n")[1:] if "ReportFramesAsync" in b.split("```", 1)[0]]
+    source = tmp_path / "Frames.cs"
+    source.write_text("using System.Threading.Tasks;\nusing UnityEngine;\nusing Xlm.Sidecar;\nusing Xlm.Sidecar.Unity;\n"
+                      "class Frames {\n static async Task Report(SidecarLauncher launcher, SidecarClient client, double cpuFrameMs,"
+                      " double gpuFrameMs, double windowMs) {\n" + example + "}\n}\n")
+    _compile("-target:library", "-r:System.dll", "-r:System.Core.dll", f"-r:{build.core}", f"-r:{build.unity_stub}",
+             f"-r:{build.components}", f"-out:{tmp_path / 'Frames.dll'}", str(source))
+
+
 def test_every_csharp_test_is_run(build: Build) -> None:
     core = _run(build.core_tests, "--list").stdout.split()
     assert sorted(core) == sorted(CORE_OFFLINE + CORE_LIVE + CORE_VISION + CORE_TOOLS + CORE_LAUNCHER)
@@ -365,6 +383,54 @@ def test_the_daemon_stops_when_the_game_crashes(build: Build, models: dict[str, 
     else:
         psutil.Process(pid).kill()
         pytest.fail("the daemon outlived the game that launched it by 10 s")
+
+
+# -- frame reports ----------------------------------------------------------------------------------
+
+# Frame times the C# FrameStats sums up (`--frame-report`), unsorted, some over the 60 fps budget.
+FRAME_INPUT = {"frames": [16.0, 17.5, 8.25, 33.3, 16.6, 100.0, 12.0, 16.7] * 9 + [15.9, 70.25], "windowMs": 1012.5,
+               "budgetMs": 1000 / 60}
+
+
+def expected_frame_report() -> object:
+    """FRAME_INPUT's report as Python's protobuf: nearest-rank percentiles, frames over the budget."""
+    import math
+
+    from sidecar.api import pb
+
+    frames, budget = FRAME_INPUT["frames"], FRAME_INPUT["budgetMs"]
+    ordered = sorted(frames)
+
+    def rank(q: float) -> float:
+        return ordered[max(0, min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1))]
+
+    return pb.FrameReport(frames=len(frames), window_ms=FRAME_INPUT["windowMs"], frame_ms_p50=rank(0.5), frame_ms_p99=rank(0.99),
+                          frame_ms_max=ordered[-1], frames_over_budget=sum(1 for f in frames if f > budget), frame_budget_ms=budget)
+
+
+def check_frame_report_json(request: dict) -> None:
+    """The request JSON the client sends for ReportFrames: proto3 JSON that Python's protobuf reads as
+    the expected FrameReport, in a bridge frame the daemon's parser takes, with figures its guard accepts."""
+    from google.protobuf import json_format
+
+    from sidecar.api import pb
+    from sidecar.guard.guard_task import check_report
+    from sidecar.service import json_frames
+
+    report = json_format.ParseDict(request, pb.FrameReport())  # unknown or misspelt fields fail here
+    assert report == expected_frame_report(), json_format.MessageToDict(report)
+    frame = json_frames.parse_client_frame(json.dumps({"id": "c1", "method": "ReportFrames", "request": request}))
+    assert isinstance(frame, json_frames.CallFrame) and frame.call.name == "ReportFrames" and frame.request == report
+    check_report(report)
+
+
+def test_frame_report_json_on_mono(build: Build) -> None:
+    result = subprocess.run([MONO, "--debug", str(build.core_tests), "--frame-report"], input=json.dumps(FRAME_INPUT),
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    printed = json.loads(result.stdout)
+    assert printed["grpc"] is None, "the Mono build has no gRPC codec"
+    check_frame_report_json(printed["request"])
 
 
 # -- the components ---------------------------------------------------------------------------------

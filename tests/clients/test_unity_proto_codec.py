@@ -10,7 +10,15 @@ import json
 
 import pytest
 
-from test_unity_client import CSHARP_TESTS, DotnetBuild, _dotnet, dotnet_build  # noqa: F401 (a fixture)
+from test_unity_client import (  # noqa: F401 (dotnet_build is a fixture)
+    CSHARP_TESTS,
+    FRAME_INPUT,
+    DotnetBuild,
+    _dotnet,
+    check_frame_report_json,
+    dotnet_build,
+    expected_frame_report,
+)
 
 
 def test_proto_schema_is_up_to_date() -> None:
@@ -39,6 +47,11 @@ ENCODE_CASES = [
     ("EmbedRequest", {"input": ["a sword", "", "h\u00e9"]}),
     ("TokenizeRequest", {"text": "<|im_end|>", "addSpecial": True, "parseSpecial": True}),
     ("DetokenizeRequest", {"tokens": [0, 72, -1, 2147483647]}),
+    # Frame reports, and the RAM budget beside the VRAM one.
+    ("FrameReport", {"frames": 60, "windowMs": 1000.5, "frameMsP50": 16.5, "frameMsP99": 33.25, "frameMsMax": 40,
+                     "framesOverBudget": 3, "frameBudgetMs": 16.666666666666668, "gpuFrameMsP99": 0}),
+    ("SetBudgetRequest", {"vramSize": "2G", "maxCpuThreads": 3, "ramSize": "512M"}),
+    ("SetBudgetRequest", {"ramSize": "0"}),
 ]
 
 
@@ -81,6 +94,10 @@ def _sample_replies() -> list:
         pb.TokenizeResponse(tokens=[1, -2, 70000]),
         pb.DetokenizeResponse(text="h\u00e9"),
         pb.SamplingParams(logit_bias={120: 100.0, -3: -0.5}),
+        pb.FrameGuardState(enabled=True, source="frame reports", frame_budget_ms=16.7, max_threads=2, max_pass_tokens=64, pause_ms=1.5,
+                           low_priority=True, reason="frames run late", game_frame_ms_p99=30.5, game_over_budget_share=0.25,
+                           game_busy_cores=1.5, game_busy_threads=2, changes=(1 << 64) - 1, reports=7),
+        pb.Status(version="1", frame_guard=pb.FrameGuardState(source="nothing seen", reports=3)),
     ]
 
 
@@ -96,6 +113,18 @@ def test_proto_decoding_matches_python_protobuf(dotnet_build: DotnetBuild, reply
     assert result.returncode == 0, result.stdout + result.stderr
     expected = json_format.MessageToDict(message, always_print_fields_with_no_presence=True)
     assert _approx(json.loads(result.stdout)) == _approx(expected)
+
+
+def test_frame_report_bytes_match_python_protobuf(dotnet_build: DotnetBuild) -> None:
+    """FrameStats' report of FRAME_INPUT as the gRPC transport writes it: Python's protobuf reads the
+    bytes as the expected FrameReport, and the JSON mapping of it is the one the bridge takes."""
+    from sidecar.api import pb
+
+    result = _dotnet(dotnet_build, "--frame-report", stdin=json.dumps(FRAME_INPUT))
+    assert result.returncode == 0, result.stdout + result.stderr
+    printed = json.loads(result.stdout)
+    assert pb.FrameReport.FromString(base64.b64decode(printed["grpc"])) == expected_frame_report()
+    check_frame_report_json(printed["request"])
 
 
 def _approx(value: object) -> object:

@@ -33,6 +33,7 @@ func _ready() -> void:
 	var vision := OS.get_environment("XLM_TEST_VISION") == "1"
 	for file_name in _fixture_files():
 		await _run_fixture(file_name, prelude, url, token, vision)
+	await _run_frame_reports(url, token)
 	if not OS.get_environment("XLM_TEST_DAEMON_EXE").is_empty():
 		await _run_launch()
 	if _failures.is_empty():
@@ -76,6 +77,8 @@ func _run_fixture(
 	# Without a vision projector the image question fails, but its frame must still be right.
 	var lax: bool = fixture.get("needs", "") == "vision" and not vision
 	var client: Client = Client.new()
+	# Only the fixture's frames: the automatic frame reports are checked on their own.
+	client.auto_report_frames = false
 	add_child(client)
 	var sent: Array = []
 	var events := {"connected": false, "disconnected": ""}
@@ -150,7 +153,14 @@ func _run_step(
 		"cancel":
 			client.cancel(args["call_id"])
 		"set_vram_budget":
-			call = client.set_vram_budget(args["vram_size"], int(args["max_cpu_threads"]))
+			call = client.set_vram_budget(
+				args["vram_size"], int(args["max_cpu_threads"]), args.get("ram_size", "")
+			)
+		"frame_reporter.report":
+			var frame_ms: Array = args["frame_ms"]
+			call = client.frame_reporter.report(
+				PackedFloat64Array(frame_ms), float(args["window_ms"]), float(args["budget_ms"])
+			)
 		"get_status":
 			call = client.get_status()
 		"end_session":
@@ -331,6 +341,55 @@ func _check_embeddings(call: Call, count: int, where: String) -> bool:
 		fits = fits and absf(Client.similarity(vector, vector) - 1.0) < 1e-3
 	var label := where + ": %d unit vectors of one length" % count
 	return _check(label, fits, str(call.result).left(200))
+
+
+## The client reports the game's frames by itself while connected (here every 0.25 s of frames),
+## reads the guard's state from the status and from each answer, and stops when told to.
+func _run_frame_reports(url: String, token: String) -> void:
+	var client: Client = Client.new()
+	add_child(client)
+	client.frame_reporter.interval_s = 0.25
+	var reports: Array = []
+	var on_frame := func(frame: Dictionary) -> void:
+		if frame.get(Protocol.KEY_METHOD) == Protocol.METHOD_REPORT_FRAMES:
+			reports.append(frame[Protocol.KEY_REQUEST])
+	client.frame_sent.connect(on_frame)
+	client.connect_to_daemon(url, token)
+	var deadline := Time.get_ticks_msec() + STEP_TIMEOUT_MS
+	while not client.is_ready():
+		if not await _tick(deadline):
+			break
+	var status_guard := client.frame_guard.source
+	_check("frames: the status's frame guard is read", not status_guard.is_empty(), status_guard)
+	while client.frame_reporter.answered < 2:
+		if not await _tick(deadline):
+			break
+	_check("frames: reports go out by themselves", reports.size() >= 2, str(reports))
+	if reports.is_empty():
+		client.queue_free()
+		return
+	var report: Dictionary = reports[0]
+	var frames := int(report[Protocol.FIELD_FRAMES])
+	var window := float(report[Protocol.FIELD_WINDOW_MS])
+	var budget := Protocol.frame_budget_ms(Engine.max_fps)
+	var fits := frames >= 1 and frames <= Protocol.MAX_REPORT_FRAMES and window > 0.0
+	_check("frames: a window of frames", fits, str(report))
+	var sent_budget := float(report[Protocol.FIELD_FRAME_BUDGET_MS])
+	_check("frames: the budget of Engine.max_fps or 60", is_equal_approx(sent_budget, budget), "")
+	var guard := client.frame_guard
+	_check("frames: the answer is the guard's state", guard.reports >= 2, str(guard.message))
+	var empty := client.frame_reporter.report(PackedFloat64Array())
+	await empty.finished
+	var refused := empty.error_code == Protocol.STATUS_INVALID_ARGUMENT
+	_check("frames: a report without frames is refused", refused, _describe(empty))
+	client.auto_report_frames = false
+	var before := reports.size()
+	var quiet := Time.get_ticks_msec() + 600
+	while Time.get_ticks_msec() < quiet:
+		await get_tree().process_frame
+	_check("frames: off, none are sent", reports.size() == before, str(reports.size()))
+	client.disconnect_from_daemon()
+	client.queue_free()
 
 
 func _run_launch() -> void:

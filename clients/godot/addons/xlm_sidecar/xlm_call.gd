@@ -28,7 +28,8 @@ var token_ids := PackedInt32Array()
 var logprobs: Logprobs = Logprobs.new()
 ## Generate and AskImage: the last chunk's GenerationFinal (finish reason, usage, timings, image).
 var final_message := {}
-## GetStatus, SetBudget, EndSession, Embed, Tokenize and Detokenize: the response message.
+## GetStatus, SetBudget, EndSession, Embed, Tokenize, Detokenize and ReportFrames: the response
+## message.
 var result := {}
 ## ask_candidates: one XlmCall per candidate, in index order, each with its own `token` signal,
 ## text, final_message and `finished` (all fired before this call's). Empty for other calls.

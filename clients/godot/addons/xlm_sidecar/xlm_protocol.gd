@@ -32,6 +32,7 @@ const METHOD_END_SESSION := "EndSession"
 const METHOD_EMBED := "Embed"
 const METHOD_TOKENIZE := "Tokenize"
 const METHOD_DETOKENIZE := "Detokenize"
+const METHOD_REPORT_FRAMES := "ReportFrames"
 
 # Request fields.
 const FIELD_MESSAGES := "messages"
@@ -55,6 +56,7 @@ const FIELD_HEIGHT := "height"
 const FIELD_FORMAT := "format"
 const FIELD_VRAM_SIZE := "vramSize"
 const FIELD_MAX_CPU_THREADS := "maxCpuThreads"
+const FIELD_RAM_SIZE := "ramSize"
 const FIELD_TOOLS := "tools"
 const FIELD_DESCRIPTION := "description"
 const FIELD_PARAMETERS_JSON_SCHEMA := "parametersJsonSchema"
@@ -69,6 +71,16 @@ const FIELD_ADD_SPECIAL := "addSpecial"
 const FIELD_PARSE_SPECIAL := "parseSpecial"
 ## A Tokenize reply's ids, and a Detokenize request's.
 const FIELD_TOKENS := "tokens"
+# FrameReport: one window of the game's frames, in milliseconds.
+const FIELD_FRAMES := "frames"
+const FIELD_WINDOW_MS := "windowMs"
+const FIELD_FRAME_MS_P50 := "frameMsP50"
+const FIELD_FRAME_MS_P99 := "frameMsP99"
+const FIELD_FRAME_MS_MAX := "frameMsMax"
+const FIELD_FRAMES_OVER_BUDGET := "framesOverBudget"
+## Sent in a FrameReport, and read back in FrameGuardState.
+const FIELD_FRAME_BUDGET_MS := "frameBudgetMs"
+const FIELD_GPU_FRAME_MS_P99 := "gpuFrameMsP99"
 
 # Reply fields the addon reads.
 const FIELD_TEXT := "text"
@@ -106,6 +118,20 @@ const FIELD_LOGPROB := "logprob"
 const FIELD_TOP := "top"
 const FIELD_EMBEDDINGS := "embeddings"
 const FIELD_VALUES := "values"
+# FrameGuardState (ReportFrames' answer, and the status's frameGuard).
+const FIELD_FRAME_GUARD := "frameGuard"
+const FIELD_ENABLED := "enabled"
+const FIELD_SOURCE := "source"
+const FIELD_MAX_THREADS := "maxThreads"
+const FIELD_MAX_PASS_TOKENS := "maxPassTokens"
+const FIELD_LOW_PRIORITY := "lowPriority"
+const FIELD_REASON := "reason"
+const FIELD_GAME_FRAME_MS_P99 := "gameFrameMsP99"
+const FIELD_GAME_OVER_BUDGET_SHARE := "gameOverBudgetShare"
+const FIELD_GAME_BUSY_CORES := "gameBusyCores"
+const FIELD_GAME_BUSY_THREADS := "gameBusyThreads"
+const FIELD_CHANGES := "changes"
+const FIELD_REPORTS := "reports"
 
 # Enum values, by name as the JSON mapping writes them.
 const ROLE_SYSTEM := "system"
@@ -138,6 +164,12 @@ const STATUS_FAILED_PRECONDITION := "FAILED_PRECONDITION"
 const STATUS_UNIMPLEMENTED := "UNIMPLEMENTED"
 const STATUS_UNAVAILABLE := "UNAVAILABLE"
 const STATUS_UNAUTHENTICATED := "UNAUTHENTICATED"
+
+## The longest frame and window a FrameReport may carry (ms), the most frames, and the frame
+## rate assumed when the game sets none.
+const MAX_FRAME_MS := 60000.0
+const MAX_REPORT_FRAMES := 100000
+const DEFAULT_FPS := 60.0
 
 const AskOptions := preload("res://addons/xlm_sidecar/xlm_ask_options.gd")
 const Tool := preload("res://addons/xlm_sidecar/xlm_tool.gd")
@@ -266,13 +298,66 @@ static func ask_image_request(
 	return request
 
 
-## A SetBudget request: VRAM as people write it ("512M", "3G", "0") and, when not negative,
-## a cap on CPU threads (0 removes the cap).
-static func set_budget_request(vram_size: String, max_cpu_threads: int) -> Dictionary:
-	var request := {FIELD_VRAM_SIZE: vram_size}
+## A SetBudget request: VRAM as people write it ("512M", "3G", "0"; empty keeps it), when not
+## negative a cap on CPU threads (0 removes the cap), and when given the host memory the daemon
+## may hold, written the same way ("0" removes that cap).
+static func set_budget_request(
+	vram_size: String, max_cpu_threads: int, ram_size: String = ""
+) -> Dictionary:
+	var request := {}
+	if not vram_size.is_empty():
+		request[FIELD_VRAM_SIZE] = vram_size
 	if max_cpu_threads >= 0:
 		request[FIELD_MAX_CPU_THREADS] = max_cpu_threads
+	if not ram_size.is_empty():
+		request[FIELD_RAM_SIZE] = ram_size
 	return request
+
+
+## A FrameReport of frame times in milliseconds (any order) over a window of `window_ms` (their
+## sum when 0 or less): the median and the 99th percentile (nearest rank), the longest frame and
+## how many took longer than `budget_ms` (0: the daemon's --frame-budget-ms). Empty without
+## frames. Times past the daemon's minute count as a minute.
+static func frame_report_request(
+	frame_ms: PackedFloat64Array, window_ms: float, budget_ms: float
+) -> Dictionary:
+	if frame_ms.is_empty():
+		return {}
+	var ordered := PackedFloat64Array()
+	var total := 0.0
+	var over := 0
+	for ms in frame_ms:
+		var clamped := clampf(ms, 0.0, MAX_FRAME_MS)
+		ordered.append(clamped)
+		total += clamped
+		if budget_ms > 0.0 and clamped > budget_ms:
+			over += 1
+	ordered.sort()
+	var window := window_ms if window_ms > 0.0 else total
+	return {
+		FIELD_FRAMES: ordered.size(),
+		FIELD_WINDOW_MS: clampf(maxf(window, ordered[-1]), 0.001, MAX_FRAME_MS),
+		FIELD_FRAME_MS_P50: nearest_rank(ordered, 0.5),
+		FIELD_FRAME_MS_P99: nearest_rank(ordered, 0.99),
+		FIELD_FRAME_MS_MAX: ordered[-1],
+		FIELD_FRAMES_OVER_BUDGET: over,
+		FIELD_FRAME_BUDGET_MS: maxf(budget_ms, 0.0),
+		FIELD_GPU_FRAME_MS_P99: 0.0,
+	}
+
+
+## The nearest-rank percentile `q` (0 to 1) of ascending `ordered` values.
+static func nearest_rank(ordered: PackedFloat64Array, q: float) -> float:
+	if ordered.is_empty():
+		return 0.0
+	return ordered[clampi(ceili(q * ordered.size()) - 1, 0, ordered.size() - 1)]
+
+
+## The frame budget of a target frame rate: 1000 / fps, 60 fps where it is 0 (Engine.max_fps 0:
+## unlimited), within the 1 to 1000 ms the daemon takes.
+static func frame_budget_ms(target_fps: float) -> float:
+	var fps := target_fps if target_fps > 0.0 else DEFAULT_FPS
+	return clampf(1000.0 / fps, 1.0, 1000.0)
 
 
 static func end_session_request(session_id: String) -> Dictionary:

@@ -2,7 +2,8 @@ class_name XlmSidecarClient
 extends Node
 ## Talks to an xlm-sidecar daemon over its WebSocket bridge: NPC replies streamed token by token,
 ## one session per NPC, JSON-schema, grammar and candidate replies, questions about
-## screenshots, embeddings and tokens, the VRAM budget, and launching and stopping the daemon.
+## screenshots, embeddings and tokens, the VRAM budget, the game's frame times (sent once a second
+## by frame_reporter), and launching and stopping the daemon.
 ## Enabling the plugin registers it as the `XlmSidecar` autoload; it also works as a plain node.
 ##
 ## Every ask returns an XlmCall at once. Calls made while the connection is still being set up
@@ -34,6 +35,8 @@ const Call := preload("res://addons/xlm_sidecar/xlm_call.gd")
 const AskOptions := preload("res://addons/xlm_sidecar/xlm_ask_options.gd")
 const Daemon := preload("res://addons/xlm_sidecar/xlm_daemon.gd")
 const Tool := preload("res://addons/xlm_sidecar/xlm_tool.gd")
+const FrameGuard := preload("res://addons/xlm_sidecar/xlm_frame_guard.gd")
+const FrameReporter := preload("res://addons/xlm_sidecar/xlm_frame_reporter.gd")
 const CALL_ID_PREFIX := "xlm-"
 ## A daemon that was just launched refuses connections until it listens: try again this often.
 const RETRY_INTERVAL_MS := 250
@@ -61,6 +64,13 @@ const STATUS_POLL_MS := 250
 @export var daemon_budget := "0"
 ## More `serve` flags, e.g. ["--model", "/path/model.gguf"].
 @export var daemon_args := PackedStringArray()
+@export_group("Frame reports")
+## While connected, send the game's frame times to the daemon once a second (frame_reporter), so
+## its frame-time guard keeps out of the frames' way.
+@export var auto_report_frames := true
+## The frame rate the game aims at, for the frame budget: 0 takes Engine.max_fps, or 60 fps
+## when that is 0 (unlimited).
+@export var target_fps := 0
 
 var state: State = State.DISCONNECTED
 ## From the daemon's status, read on connecting.
@@ -68,6 +78,11 @@ var phase := ""
 var model_name := ""
 var vision_available := false
 var vram_budget_bytes := 0
+## What the daemon's frame-time guard does now: from the status, then each frame report's answer.
+var frame_guard: FrameGuard = FrameGuard.new()
+## Sends the frame reports (report(), interval_s, answered, the `reported` signal); made in
+## _ready.
+var frame_reporter: FrameReporter = null
 
 var _socket: WebSocketPeer = null
 var _token := ""
@@ -87,6 +102,9 @@ var _max_frame_bytes := 0
 
 
 func _ready() -> void:
+	frame_reporter = FrameReporter.new()
+	frame_reporter.client = self
+	add_child(frame_reporter, false, Node.INTERNAL_MODE_FRONT)
 	if launch_on_ready:
 		launch_daemon()
 
@@ -348,15 +366,27 @@ func end_session(session_id: String) -> Call:
 	return _start_call(Protocol.METHOD_END_SESSION, session_id, request, 0)
 
 
-## Changes the VRAM the daemon may use ("0" = CPU only, "512M", "3G", ...) and, unless negative,
-## its CPU thread cap (0 = none). Ends once the new budget is in force (`budget_changed`).
-func set_vram_budget(vram_size: String, max_cpu_threads: int = -1) -> Call:
-	var request := Protocol.set_budget_request(vram_size, max_cpu_threads)
+## Changes the VRAM the daemon may use ("0" = CPU only, "512M", "3G", ...; empty keeps it),
+## unless negative its CPU thread cap (0 = none), and when given the host memory it may hold
+## ("512M", "2G"; "0" removes the cap). Ends once the new budget is in force (`budget_changed`).
+func set_vram_budget(vram_size: String, max_cpu_threads: int = -1, ram_size: String = "") -> Call:
+	var request := Protocol.set_budget_request(vram_size, max_cpu_threads, ram_size)
 	return _start_call(Protocol.METHOD_SET_BUDGET, "", request, 0)
 
 
 func get_status() -> Call:
 	return _start_call(Protocol.METHOD_GET_STATUS, "", {}, 0)
+
+
+## A ReportFrames call of `request` (XlmProtocol.frame_report_request); frame_reporter.report()
+## is the way in.
+func _report_frames(request: Dictionary) -> Call:
+	if request.is_empty():
+		var refused := _new_call(Protocol.METHOD_REPORT_FRAMES, "", {})
+		_calls.erase(refused.id)
+		_fail_later(refused, Protocol.STATUS_INVALID_ARGUMENT, "a frame report needs frames")
+		return refused
+	return _start_call(Protocol.METHOD_REPORT_FRAMES, "", request, 0)
 
 
 func _options(options: AskOptions) -> AskOptions:
@@ -565,6 +595,8 @@ func _on_result(call: Call, result: Dictionary) -> void:
 			Protocol.read_bool(result, Protocol.FIELD_RELOADED),
 			Protocol.read_float(result, Protocol.FIELD_PAUSE_MS)
 		)
+	elif call.method == Protocol.METHOD_REPORT_FRAMES:
+		frame_guard = FrameGuard.new(result)
 	elif call.method == Protocol.METHOD_END_SESSION:
 		_sessions_begun.erase(call.session_id)
 		session_ended.emit(call.session_id, Protocol.read_int(result, Protocol.FIELD_TOKENS_FREED))
@@ -588,6 +620,7 @@ func _apply_status(status: Dictionary) -> void:
 	vision_available = Protocol.read_bool(model, Protocol.FIELD_VISION_AVAILABLE)
 	var budget := Protocol.read_dict(status, Protocol.FIELD_BUDGET)
 	vram_budget_bytes = Protocol.read_int64(budget, Protocol.FIELD_VRAM_BYTES)
+	frame_guard = FrameGuard.new(Protocol.read_dict(status, Protocol.FIELD_FRAME_GUARD))
 	var limits := Protocol.read_dict(status, Protocol.FIELD_LIMITS)
 	# The bridge takes a message of maxMessageBytes with its bytes fields in base64 (a third
 	# larger); anything bigger would close the whole connection, so it is refused here instead.

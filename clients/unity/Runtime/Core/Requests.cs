@@ -250,10 +250,19 @@ namespace Xlm.Sidecar
         public ulong? AutoReserveBytes;
         /// <summary>Null keeps the current cap; 0 removes it.</summary>
         public uint? MaxCpuThreads;
+        /// <summary>Host memory the daemon may hold, written like VramSize ("512M", "2G"); null keeps
+        /// the current one, "0" removes it. INVALID_ARGUMENT below what the model itself needs.</summary>
+        public string RamSize;
 
-        public static SetBudgetRequest Vram(string size, uint? maxCpuThreads = null)
+        public static SetBudgetRequest Vram(string size, uint? maxCpuThreads = null, string ramSize = null)
         {
-            return new SetBudgetRequest { VramSize = size, MaxCpuThreads = maxCpuThreads };
+            return new SetBudgetRequest { VramSize = size, MaxCpuThreads = maxCpuThreads, RamSize = ramSize };
+        }
+
+        /// <summary>Only the host memory budget; VRAM and the thread cap stay as they are.</summary>
+        public static SetBudgetRequest Ram(string size)
+        {
+            return new SetBudgetRequest { RamSize = size };
         }
 
         public static SetBudgetRequest FollowFreeVram(ulong reserveBytes, uint? maxCpuThreads = null)
@@ -271,6 +280,7 @@ namespace Xlm.Sidecar
             if (VramSize != null) json["vramSize"] = VramSize;
             if (AutoReserveBytes.HasValue) json["autoReserveBytes"] = AutoReserveBytes.Value.ToString(System.Globalization.CultureInfo.InvariantCulture);
             if (MaxCpuThreads.HasValue) json["maxCpuThreads"] = MaxCpuThreads.Value;
+            if (RamSize != null) json["ramSize"] = RamSize;
             return json;
         }
     }

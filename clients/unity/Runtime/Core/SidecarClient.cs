@@ -160,6 +160,18 @@ namespace Xlm.Sidecar
             return SetBudgetResponse.FromJson(json);
         }
 
+        /// <summary>How the game's frames went over a window (FrameStats.TakeReport); answers what the
+        /// daemon's frame-time guard does now. FrameReporter sends one a second by itself (the
+        /// SidecarLauncher's Report Frames). INVALID_ARGUMENT for impossible figures,
+        /// RESOURCE_EXHAUSTED past 20 reports a second.</summary>
+        public async Task<FrameGuardState> ReportFramesAsync(FrameReport report, CancellationToken cancellationToken = default(CancellationToken))
+        {
+            if (report == null)
+                throw new ArgumentNullException("report");
+            var json = await transport.CallAsync("ReportFrames", report.ToJson(), cancellationToken).ConfigureAwait(false);
+            return FrameGuardState.FromJson(json);
+        }
+
         public async Task<Status> GetStatusAsync(CancellationToken cancellationToken = default(CancellationToken))
         {
             var json = await transport.CallAsync("GetStatus", new JsonObject(), cancellationToken).ConfigureAwait(false);

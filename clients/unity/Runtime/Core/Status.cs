@@ -177,6 +177,8 @@ namespace Xlm.Sidecar
         public uint MaxTokensPerRequest;
         public double UptimeS;
         public List<string> ListenAddresses = new List<string>();
+        /// <summary>What the daemon's frame-time guard sees of the game and does about it.</summary>
+        public FrameGuardState FrameGuard;
         /// <summary>Everything the daemon sent, including fields this client does not name.</summary>
         public JsonObject Json;
 
@@ -211,6 +213,7 @@ namespace Xlm.Sidecar
                 ContextPerSession = limits.GetUInt32("contextPerSession"),
                 MaxTokensPerRequest = limits.GetUInt32("maxTokensPerRequest"),
                 UptimeS = json.GetDouble("uptimeS"),
+                FrameGuard = FrameGuardState.FromJson(json.GetObject("frameGuard")),
                 Json = json,
             };
             foreach (var item in json.GetArray("sessions"))

@@ -46,11 +46,20 @@ namespace Xlm.Sidecar.Unity
         [Tooltip("Copy the daemon's warnings and errors into the Unity log.")]
         [SerializeField] bool forwardDaemonWarnings = true;
 
+        [Header("Frame reports")]
+        [Tooltip("Send the game's frame times (Time.unscaledDeltaTime) to the daemon, so its frame-time guard keeps out of the frames' way.")]
+        [SerializeField] bool reportFrames = true;
+        [Tooltip("Seconds of frames each report covers.")]
+        [SerializeField] float frameReportInterval = 1f;
+        [Tooltip("The frame rate the game aims at, for the frame budget; 0: Application.targetFrameRate, or 60 when that is unset.")]
+        [SerializeField] int targetFrameRate = 0;
+
         Task<SidecarClient> launch;
         SidecarProcess process;
         // Cancelled when the component goes, so a launch still loading the model is killed, not orphaned
         // (in the editor the parent process, the editor, lives on).
         readonly CancellationTokenSource lifetime = new CancellationTokenSource();
+        FrameReporter frames;
 
         public string ExecutablePath { get { return executablePath; } set { executablePath = value; } }
         public string ModelPath { get { return modelPath; } set { modelPath = value; } }
@@ -62,6 +71,14 @@ namespace Xlm.Sidecar.Unity
         public string AttachToken { get { return attachToken; } set { attachToken = value; } }
         public bool LaunchOnAwake { get { return launchOnAwake; } set { launchOnAwake = value; } }
         public string[] ExtraArguments { get { return extraArguments; } set { extraArguments = value ?? new string[0]; } }
+        /// <summary>Whether the game's frame times go to the daemon (on by default).</summary>
+        public bool ReportFrames { get { return reportFrames; } set { reportFrames = value; } }
+        public float FrameReportInterval { get { return frameReportInterval; } set { frameReportInterval = value; } }
+        public int TargetFrameRate { get { return targetFrameRate; } set { targetFrameRate = value; } }
+        /// <summary>What sends the frame reports, once connected and reporting (else null).</summary>
+        public FrameReporter FrameReporter { get { return frames; } }
+        /// <summary>The daemon's answer to the last frame report: what its frame-time guard does now.</summary>
+        public FrameGuardState FrameGuard { get { return frames != null ? frames.Guard : null; } }
 
         /// <summary>The client, once ready; null before.</summary>
         public SidecarClient Client { get; private set; }
@@ -188,6 +205,27 @@ namespace Xlm.Sidecar.Unity
                 Debug.LogWarning("xlm-sidecar: " + line);
         }
 
+        void Update()
+        {
+            // The frame that just ended goes into the window; once a second of frames is in, the
+            // report goes out on a worker thread (never waited for here; failures are logged once).
+            var client = Client;
+            if (!reportFrames || client == null)
+                return;
+            if (frames == null || frames.Client != client)
+                frames = new FrameReporter(client) { Log = message => Debug.LogWarning(message) };
+            frames.IntervalS = frameReportInterval;
+            frames.FrameBudgetMs = FrameStats.BudgetForFrameRate(targetFrameRate > 0 ? targetFrameRate : Application.targetFrameRate);
+            frames.AddFrame(Time.unscaledDeltaTime * 1000.0);
+        }
+
+        void OnApplicationPause(bool paused)
+        {
+            // The first frame after a pause spans the pause: not a frame the game struggled with.
+            if (frames != null)
+                frames.Reset();
+        }
+
         void OnApplicationQuit()
         {
             Shutdown();
@@ -204,6 +242,7 @@ namespace Xlm.Sidecar.Unity
                 lifetime.Cancel();
             var client = Client;
             Client = null;
+            frames = null;
             var running = process;
             process = null;
             if (running != null)

@@ -23,6 +23,7 @@ namespace Xlm.Sidecar.Tests
             TestRunner.Add("npc_dialogue_cancel_and_a_new_line_cancels_the_old", NpcDialogueCancel);
             TestRunner.Add("vram_budget_follows_quality_and_scene", VramBudgetFollows);
             TestRunner.Add("launcher_launches_and_stops_with_the_game_object", LauncherLifetime);
+            TestRunner.Add("launcher_reports_frames_once_a_second", LauncherReportsFrames);
             return TestRunner.Run(args);
         }
 
@@ -158,6 +159,41 @@ namespace Xlm.Sidecar.Tests
             Object.Destroy(launcher.gameObject); // OnDestroy stops the daemon
             Check.True(process.HasExited, "the daemon is gone once the component is");
             Check.Equal(0, await process.Exit, "a clean exit");
+            Check.Equal(0, Debug.Errors.Count, "errors logged: " + string.Join("\n", Debug.Errors));
+        }
+
+        static async Task LauncherReportsFrames()
+        {
+            var launcher = Attached();
+            await launcher.WhenReady;
+            Check.True(launcher.ReportFrames, "frame reports are on by default");
+            Time.SetUnscaledDeltaTimeForTests(0.0125f); // exact in binary: 80 frames are 1000 ms
+            var clock = Stopwatch.StartNew();
+            for (var frame = 0; frame < 79; frame++)
+                launcher.RunFrameForTests();
+            Check.True(clock.ElapsedMilliseconds < 500, "Update never waits for the daemon: " + clock.ElapsedMilliseconds + " ms");
+            var reporter = launcher.FrameReporter;
+            Check.True(reporter != null, "Update made the reporter once connected");
+            Check.True(Math.Abs(reporter.FrameBudgetMs - 1000.0 / 60) < 1e-9, "no target frame rate: a 60 fps budget");
+            Check.True(launcher.FrameGuard == null && reporter.Answered == 0, "79 frames of 12.5 ms: under a second, nothing sent");
+            launcher.RunFrameForTests();
+            await reporter.Pending;
+            Check.Equal(1, reporter.Answered, "the 80th frame completes a second and its report is answered");
+            Check.True(launcher.FrameGuard != null && launcher.FrameGuard.Reports >= 1, "the guard's answer: " +
+                (launcher.FrameGuard == null ? "none" : launcher.FrameGuard.Source));
+
+            Application.targetFrameRate = 30;
+            launcher.RunFrameForTests();
+            Check.True(Math.Abs(reporter.FrameBudgetMs - 1000.0 / 30) < 1e-9, "the budget follows Application.targetFrameRate");
+            Application.targetFrameRate = -1;
+
+            launcher.ReportFrames = false;
+            for (var frame = 0; frame < 200; frame++)
+                launcher.RunFrameForTests();
+            await reporter.Pending;
+            Check.Equal(1, reporter.Answered, "turned off: no more reports");
+            Object.Destroy(launcher.gameObject);
+            Check.True(launcher.FrameReporter == null, "the reporter goes with the connection");
             Check.Equal(0, Debug.Errors.Count, "errors logged: " + string.Join("\n", Debug.Errors));
         }
 

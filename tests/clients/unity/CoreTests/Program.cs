@@ -9,10 +9,13 @@ namespace Xlm.Sidecar.Tests
                 return LauncherTests.LaunchAndCrash();
             if (args.Length == 2 && (args[0] == "--proto-encode" || args[0] == "--proto-decode"))
                 return Transports.ProtoTool(args);
+            if (args.Length == 1 && args[0] == "--frame-report")
+                return FrameTests.ReportTool();
             JsonTests.Register();
             ClientTests.Register();
             ToolTests.Register();
             TokenControlTests.Register();
+            FrameTests.Register();
             LauncherTests.Register();
             return TestRunner.Run(args);
         }

@@ -40,6 +40,16 @@ namespace Xlm.Sidecar.Tests
 #endif
         }
 
+        /// <summary>A message in the gRPC codec's bytes, base64; null where this program has no codec (Mono).</summary>
+        public static string EncodeOrNull(string type, JsonObject json)
+        {
+#if XLM_GRPC
+            return Convert.ToBase64String(Xlm.Sidecar.Grpc.ProtoSchema.Encode(type, json));
+#else
+            return null;
+#endif
+        }
+
         /// <summary>`--proto-encode TYPE` reads JSON on stdin and writes the protobuf bytes in base64;
         /// `--proto-decode TYPE` the other way. pytest checks both against Python's protobuf.</summary>
         public static int ProtoTool(string[] args)

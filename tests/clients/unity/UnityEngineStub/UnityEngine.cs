@@ -192,6 +192,18 @@ namespace UnityEngine
     {
         public static RuntimePlatform platform { get { return RuntimePlatform.LinuxPlayer; } }
         public static string streamingAssetsPath { get { return "/nonexistent/StreamingAssets"; } }
+        /// <summary>-1 (as fast as it goes) until set, as in Unity.</summary>
+        public static int targetFrameRate { get; set; } = -1;
+    }
+
+    public static class Time
+    {
+        static float unscaled = 1f / 60f;
+
+        public static float unscaledDeltaTime { get { return unscaled; } }
+
+        /// <summary>Stand-in only: the length of the frames RunFrameForTests plays.</summary>
+        public static void SetUnscaledDeltaTimeForTests(float seconds) { unscaled = seconds; }
     }
 
     public static class Debug
