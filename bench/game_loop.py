@@ -24,6 +24,8 @@ import threading
 import time
 from pathlib import Path
 
+from bench.common import percentile
+
 BLOCK = os.urandom(64 * 1024)
 
 
@@ -120,11 +122,10 @@ class FrameReporter:
             window_ms, last = (now - last) * 1000, now
             if not frames:
                 continue
-            frames.sort()
             report = pb.FrameReport(
                 frames=len(frames), window_ms=window_ms, frame_budget_ms=self.budget_ms,
-                frame_ms_p50=frames[len(frames) // 2], frame_ms_p99=frames[min(len(frames) - 1, int(len(frames) * 0.99))],
-                frame_ms_max=frames[-1], frames_over_budget=sum(1 for f in frames if f > self.budget_ms))
+                frame_ms_p50=percentile(frames, 50), frame_ms_p99=percentile(frames, 99), frame_ms_max=max(frames),
+                frames_over_budget=sum(1 for f in frames if f > self.budget_ms))
             try:
                 state = stub.ReportFrames(report, metadata=metadata, timeout=2)
                 self.answers.append({"t": now, "threads": state.max_threads, "pass_tokens": state.max_pass_tokens,

@@ -18,7 +18,6 @@ import structlog
 from sidecar.api import pb
 from sidecar.errors import InvalidArgument, ResourceExhausted
 from sidecar.guard.frame_guard import (
-    NO_LIMITS,
     FrameWindow,
     GameLoad,
     GuardSettings,
@@ -68,7 +67,8 @@ def check_report(report: pb.FrameReport) -> FrameWindow:
 class ProcessWatch:
     """CPU time of the game's process per thread, and of the whole machine, between two samples."""
 
-    def __init__(self, game_pid: int | None) -> None:
+    def __init__(self, game_pid: int | None, busy_share: float = GuardSettings.busy_thread_share) -> None:
+        self._busy_share = busy_share
         self._own = psutil.Process()
         self._game = None
         if game_pid and game_pid != os.getpid():
@@ -97,7 +97,7 @@ class ProcessWatch:
         shares = [(cpu - last[1].get(tid, cpu)) / dt for tid, cpu in threads.items()]
         game = sum(shares)
         other = max(0.0, (busy - last[2]) / dt - (own - last[3]) / dt - game)
-        return GameLoad(game_busy_cores=game, game_busy_threads=sum(1 for s in shares if s >= GuardSettings.busy_thread_share),
+        return GameLoad(game_busy_cores=game, game_busy_threads=sum(1 for s in shares if s >= self._busy_share),
                         other_busy_cores=other, watching_game=self._game is not None)
 
 
@@ -115,7 +115,7 @@ class FrameGuard:
         if not enabled:
             self.state = replace(self.state, source="off", reason="--no-frame-guard: the plan's threads, no pauses")
         self._apply = apply
-        self._watch = ProcessWatch(game_pid) if enabled else None
+        self._watch = ProcessWatch(game_pid, settings.busy_thread_share) if enabled else None
         self._priority = LowPriority()
         self._allowance, self._allowance_at = REPORTS_PER_S, time.monotonic()
 
@@ -163,5 +163,3 @@ class FrameGuard:
             game_busy_cores=s.load.game_busy_cores, game_busy_threads=s.load.game_busy_threads,
             changes=s.changes, reports=s.reports)
 
-
-__all__ = ["FrameGuard", "check_report", "NO_LIMITS"]
