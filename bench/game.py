@@ -26,7 +26,11 @@ from pathlib import Path
 
 from bench import common
 
-SIDES = ("alone", "llama-server", "llama-server -t 1", "guard off", "guard on (reports)", "guard on (watching)")
+SIDES = ("alone", "llama-server", "llama-server -t 1", "guard off", "guard on (reports)", "guard on (watching)",
+         "guard on (reports, low)")
+# Run by default: the last side is the guard's weaker priority lever (nice 19 instead of the idle
+# class), there to be measured against the default with --sides.
+DEFAULT_SIDES = SIDES[:-1]
 EOG_TEXTS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end|>", "</s>", "<reponame>")
 
 
@@ -37,7 +41,7 @@ def options(group) -> None:
     group.add_argument("--work-ms", type=float, default=8.0, help="CPU work per frame per thread, on a quiet machine")
     group.add_argument("--npcs", type=int, default=4)
     group.add_argument("--tokens", type=int, default=128)
-    group.add_argument("--sides", default=",".join(SIDES), help="comma-separated subset of: " + ", ".join(SIDES))
+    group.add_argument("--sides", default=",".join(DEFAULT_SIDES), help="comma-separated subset of: " + ", ".join(SIDES))
 
 
 class NpcLoad:
@@ -149,9 +153,10 @@ def _side(args, side: str, units: int, threads: int, seconds: float, folder: Pat
 
     server = daemon = streamer_owner = game = None
     try:
-        if side == "guard on (reports)":
+        if side.startswith("guard on (reports"):
             # The game must know the daemon's address before its frames start: the daemon first.
-            daemon = start_daemon("--model", str(model), *common.profile_flags(), "--stream-interval-ms", "33")
+            flags = ["--frame-guard-priority", "low"] if side.endswith("low)") else []
+            daemon = start_daemon("--model", str(model), *common.profile_flags(), "--stream-interval-ms", "33", *flags)
             game, start_file, out = _game(args, units, threads, seconds, folder, daemon.address, daemon.token)
         else:
             game, start_file, out = _game(args, units, threads, seconds, folder, None, None)
@@ -249,15 +254,15 @@ def _median(rows: list[dict], key: str) -> float:
 
 def _table(threads: int, rows: dict[str, list[dict]]) -> None:
     print(f"\ngame on {threads} thread(s): medians over rounds")
-    print(f"  {'side':22} {'p50':>6} {'p99':>6} {'p99.9':>6} {'late %':>7} {'hitch %':>8} {'tok/s':>7}")
+    print(f"  {'side':24} {'p50':>6} {'p99':>6} {'p99.9':>6} {'late %':>7} {'hitch %':>8} {'tok/s':>7}")
     for side, rs in rows.items():
         if rs:
-            print(f"  {side:22} {_median(rs, 'p50'):6.1f} {_median(rs, 'p99'):6.1f} {_median(rs, 'p999'):6.1f} "
+            print(f"  {side:24} {_median(rs, 'p50'):6.1f} {_median(rs, 'p99'):6.1f} {_median(rs, 'p999'):6.1f} "
                   f"{_median(rs, 'late_pct'):7.2f} {_median(rs, 'hitch_pct'):8.2f} {_median(rs, 'tokens_per_s'):7.1f}")
     alone = rows.get("alone")
     off = rows.get("guard off")
     peer = rows.get("llama-server -t 1")
-    for side in ("guard on (reports)", "guard on (watching)"):
+    for side in ("guard on (reports)", "guard on (watching)", "guard on (reports, low)"):
         on = rows.get(side)
         if not on or not alone:
             continue

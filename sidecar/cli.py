@@ -45,6 +45,8 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                    "--hardware` takes it: a spec or profile JSON file, a preset, or key=value figures (what-if runs, tests)")
     p.add_argument("--no-frame-guard", dest="frame_guard", action="store_false", default=None,
                    help="do not adapt to the game's frames (threads, pass sizes, pauses, priority): take the cores the plan gives")
+    p.add_argument("--frame-guard-priority", choices=("idle", "low"), help="how far below the game the guard puts "
+                   "the daemon's threads: idle (default; SCHED_IDLE on Linux, the idle class on Windows) or low (nice 19)")
     p.add_argument("--frame-budget-ms", type=float, help="the game's frame budget when its frame reports do not say it "
                    "(default 16.7: 60 fps)")
     p.add_argument("--no-adaptive-threads", dest="adaptive_threads", action="store_false", default=None,
@@ -298,7 +300,8 @@ def _run_status(args: argparse.Namespace) -> int:
     ram = f" of RAM budget {format_size(m.ram_budget_bytes)}" if m.ram_budget_bytes else ", no RAM budget"
     print(f"memory    resident {format_size(m.host_resident_bytes)}{ram}; KV cache {format_size(m.kv_cache_bytes)} used of "
           f"{format_size(m.kv_cache_held_bytes)} held ({m.kv_sequences} of at most {m.kv_sequences_max} sequences); "
-          f"prefix cache {format_size(m.prefix_cache_bytes)}; evicted sessions {format_size(m.saved_sessions_bytes)}")
+          f"prefix cache {format_size(m.prefix_cache_bytes)}; evicted sessions {format_size(m.saved_sessions_bytes)}"
+          + _vision_memory(m))
     print(
         f"work      {t.requests_served} requests, {t.tokens_generated} tokens generated, "
         f"{t.decode_tokens_per_s:.1f} tokens/s decode, {t.prefill_tokens_per_s:.1f} tokens/s prefill"
@@ -351,8 +354,16 @@ def _run_budget(args: argparse.Namespace) -> int:
     print(f"budget    VRAM {format_size(status.budget.vram_bytes)}, CPU threads {status.budget.max_cpu_threads or 'no cap'}, "
           f"RAM {format_size(m.ram_budget_bytes) if m.ram_budget_bytes else 'no budget'}")
     print(f"memory    KV {m.kv_sequences} of at most {m.kv_sequences_max} sequences ({format_size(m.kv_cache_held_bytes)} "
-          f"held); prefix cache {format_size(m.prefix_cache_bytes)}; evicted sessions {format_size(m.saved_sessions_bytes)}")
+          f"held); prefix cache {format_size(m.prefix_cache_bytes)}; evicted sessions {format_size(m.saved_sessions_bytes)}"
+          + _vision_memory(m))
     return 0
+
+
+def _vision_memory(m) -> str:
+    if not (m.vision_worker_bytes or m.vision_reserved_bytes):
+        return ""
+    kept = f" of {format_size(m.vision_reserved_bytes)} set aside" if m.vision_reserved_bytes else ""
+    return f"; vision worker {format_size(m.vision_worker_bytes)}{kept}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -31,6 +31,19 @@ PROCESS_BYTES = 100 << 20
 # KV states may (past it the least recently used keep their text only).
 PREFIX_SHARE = 1 / 8
 SAVED_SESSIONS_SHARE = 1 / 8
+# The vision worker (a process of its own, sidecar/vision) at its peak, an image being encoded on the
+# CPU: the worker itself with its vocabulary-only text model (about 60 MB idle), the projector's
+# weights (loaded for each image under VLMOpt, so counted whole either way) and the encoder's
+# compute buffer, measured on the test projector (README, "Vision"): 121 MiB with flash attention,
+# 1132 MiB without. A RAM budget sets this aside whenever a projector is given, since an image can
+# come at any moment and the KV cannot be shrunk under live replies to make room for it.
+VISION_WORKER_BYTES = 60 << 20
+ENCODER_COMPUTE_BYTES = {True: 128 << 20, False: 1152 << 20}
+
+
+def vision_host_bytes(projector_bytes: int, flash_attention: bool) -> int:
+    """Host memory the vision worker may hold while it encodes an image on the CPU."""
+    return VISION_WORKER_BYTES + projector_bytes + ENCODER_COMPUTE_BYTES[flash_attention]
 
 
 def auto_parallel(sequence_kv_bytes: int, host_memory_bytes: int) -> int:
@@ -60,25 +73,26 @@ def parallel_for(parallel: int, model_path: Path, ctx: int) -> int:
 
 
 def sequences_within(ram_budget: int, model_bytes: int, sequence_kv_bytes: int, prefix_cache_bytes: int, ctx: int,
-                     budget_name: str = "--ram-budget") -> int:
-    """Sequences whose KV fits in `ram_budget` beside the weights, the process and the prefix cache;
-    InvalidArgument, saying what the model needs, when not even one does (`budget_name`: the flag or
-    field the budget came in, SetBudget's ram_size at runtime)."""
+                     budget_name: str = "--ram-budget", vision_bytes: int = 0) -> int:
+    """Sequences whose KV fits in `ram_budget` beside the weights, the process, the prefix cache and
+    the vision worker; InvalidArgument, saying what the model needs, when not even one does
+    (`budget_name`: the flag or field the budget came in, SetBudget's ram_size at runtime)."""
     saved = int(ram_budget * SAVED_SESSIONS_SHARE)
-    left = ram_budget - PROCESS_BYTES - model_bytes - prefix_cache_bytes - saved
+    left = ram_budget - PROCESS_BYTES - model_bytes - prefix_cache_bytes - saved - vision_bytes
     n = left // max(sequence_kv_bytes, 1)
     if n < 1:
-        need = PROCESS_BYTES + model_bytes + prefix_cache_bytes + saved + sequence_kv_bytes
+        need = PROCESS_BYTES + model_bytes + prefix_cache_bytes + saved + vision_bytes + sequence_kv_bytes
+        vision = f", the vision worker encoding {vision_bytes >> 20}" if vision_bytes else ""
         raise InvalidArgument(
             f"{budget_name} {ram_budget >> 20} MiB is below what this model needs: {need >> 20} MiB (weights "
             f"{model_bytes >> 20}, one conversation's KV at --ctx {ctx} {sequence_kv_bytes >> 20}, prefix cache "
-            f"{prefix_cache_bytes >> 20}, evicted sessions {saved >> 20}, the process {PROCESS_BYTES >> 20}); "
+            f"{prefix_cache_bytes >> 20}, evicted sessions {saved >> 20}{vision}, the process {PROCESS_BYTES >> 20}); "
             "give more, or lower --ctx")
     return int(n)
 
 
 def ram_ceiling(ram_budget: int, model_path: Path, ctx: int, prefix_cache_bytes: int,
-                budget_name: str = "--ram-budget") -> int:
+                budget_name: str = "--ram-budget", vision_bytes: int = 0) -> int:
     """The most sequences a RAM budget holds for this model and context."""
     from sidecar.model_info.gguf_reader import GgufReadError
 
@@ -87,4 +101,4 @@ def ram_ceiling(ram_budget: int, model_path: Path, ctx: int, prefix_cache_bytes:
         size = Path(model_path).stat().st_size
     except (GgufReadError, OSError):
         return AUTO_MIN  # loading the model says what is wrong with it
-    return sequences_within(ram_budget, size, kv, prefix_cache_bytes, ctx, budget_name)
+    return sequences_within(ram_budget, size, kv, prefix_cache_bytes, ctx, budget_name, vision_bytes)

@@ -46,6 +46,8 @@ class Settings(BaseSettings):
     flash_attention: Literal["auto", "on", "off"] = "auto"
     profile: str = Field("auto", description='machine profile for the planner: "auto" (measure once), "off", or a file')
     frame_guard: bool = Field(True, description="keep out of the game's way by its frame times and its process's load (sidecar.guard)")
+    frame_guard_priority: Literal["idle", "low"] = Field(
+        "idle", description="how far below the game the guard puts the daemon's threads: idle (the idle scheduling class) or low (nice 19)")
     frame_budget_ms: float = Field(1000.0 / 60, ge=1.0, le=1000.0, description="the game's frame budget when its reports do not say (ms)")
     adaptive_threads: bool = Field(True, description="step CPU threads down while passes run far slower than planned (a busy PC); off pins them")
     hardware: str | None = Field(None, description="plan for this machine description (as `plan --hardware` takes it) instead of the profile")
@@ -138,8 +140,22 @@ class Settings(BaseSettings):
         model = self.model or default_model_path()
         n = parallel_for(self.parallel, model, self.ctx)
         if self.ram_budget_bytes:
-            n = min(n, ram_ceiling(self.ram_budget_bytes, model, self.ctx, self.prefix_cache_bytes, budget_name))
+            n = min(n, ram_ceiling(self.ram_budget_bytes, model, self.ctx, self.prefix_cache_bytes, budget_name,
+                                   self.vision_reserved_bytes))
         return n
+
+    @property
+    def vision_reserved_bytes(self) -> int:
+        """What a RAM budget sets aside for the vision worker (crowd.py): 0 without a projector."""
+        from sidecar.crowd import vision_host_bytes
+
+        if self.mmproj is None:
+            return 0
+        try:
+            size = Path(self.mmproj).stat().st_size
+        except OSError:
+            return 0  # loading it says what is wrong with it
+        return vision_host_bytes(size, self.flash_attention != "off")
 
     def start_sequences(self) -> int:
         """Sequences allocated at start: all of --parallel when given, else a few, more on demand."""

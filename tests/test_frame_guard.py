@@ -3,6 +3,7 @@ the process watch against a real busy process. The daemon side is in test_frame_
 
 from __future__ import annotations
 
+import json
 import math
 import subprocess
 import sys
@@ -137,3 +138,33 @@ def test_no_game_to_watch_is_not_an_error() -> None:
     time.sleep(0.2)
     load = watch.sample()
     assert load is not None and not load.watching_game and load.game_busy_threads == 0
+
+
+# Lowering cannot be undone without privilege, so each strength is applied in a process of its own.
+LOWER = """
+import json, os, sys, threading
+from sidecar.guard.priority import LowPriority
+started = threading.Event()
+worker = threading.Thread(target=lambda: (started.set(), threading.Event().wait(5)), daemon=True)
+worker.start(); started.wait()
+LowPriority(sys.argv[1]).apply()
+print(json.dumps(sorted({(os.getpriority(os.PRIO_PROCESS, int(t)), os.sched_getscheduler(int(t)))
+                         for t in os.listdir("/proc/self/task")})))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread priorities are Linux's")
+@pytest.mark.parametrize("strength", ["idle", "low"])
+def test_each_priority_strength_lowers_every_thread(strength: str) -> None:
+    import os
+
+    out = subprocess.run([sys.executable, "-c", LOWER, strength], capture_output=True, text=True, timeout=60, check=True)
+    policy = os.SCHED_IDLE if strength == "idle" else os.SCHED_OTHER
+    assert json.loads(out.stdout) == [[19, policy]], out.stdout  # every thread, the worker started before too
+
+
+def test_an_unknown_priority_strength_is_refused() -> None:
+    from sidecar.guard.priority import LowPriority
+
+    with pytest.raises(ValueError, match="idle, low"):
+        LowPriority("lowest")

@@ -36,14 +36,16 @@ def _report(**fields) -> pb.FrameReport:
     return pb.FrameReport(**{**base, **fields})
 
 
-def _nice_values(pid: int) -> set[int]:
+def _scheduling(pid: int) -> set[tuple[int, int]]:
+    """(nice, scheduling policy) of each of the process's threads."""
     values = set()
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
             fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue  # a thread that ended meanwhile
-        values.add(int(fields[16]))  # stat's 19th field, nice; the first two precede the ")"
+        # stat's 19th field is nice and its 41st the policy; the first two precede the ")".
+        values.add((int(fields[16]), int(fields[38])))
     return values
 
 
@@ -88,7 +90,8 @@ def test_every_daemon_thread_runs_below_the_games_priority(guarded: RunningDaemo
     with guarded.client(timeout_s=60) as client:  # threads started for a generation are lowered too
         client.complete(pb.GenerateRequest(prompt="Hello", max_tokens=4))
     time.sleep(1.0)  # the guard's sweep runs twice a second
-    assert _nice_values(guarded.process.pid) == {19}
+    # The default strength: the idle class, and nice 19 beneath it should the class be refused.
+    assert _scheduling(guarded.process.pid) == {(19, os.SCHED_IDLE)}
 
 
 def test_frame_reports_steer_the_passes_and_a_stream_runs_to_its_end(guarded: RunningDaemon) -> None:

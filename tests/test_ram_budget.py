@@ -92,3 +92,16 @@ def test_without_a_budget_the_kv_starts_small_and_grows_with_demand(flags, grows
             assert after.kv_cache_held_bytes >= start.kv_cache_held_bytes
     finally:
         stop_daemon(daemon)
+
+
+def test_the_vision_worker_comes_out_of_the_budget_and_is_named_when_it_does_not_fit() -> None:
+    from sidecar.crowd import sequences_within, vision_host_bytes
+    from sidecar.errors import InvalidArgument
+
+    mib = 1 << 20
+    vision = vision_host_bytes(200 * mib, True)
+    assert vision == (60 + 200 + 128) * mib
+    plain = sequences_within(1024 * mib, 98 * mib, 94 * mib, 64 * mib, 4096)
+    assert sequences_within(1024 * mib, 98 * mib, 94 * mib, 64 * mib, 4096, vision_bytes=vision) == plain - 4 == 2
+    with pytest.raises(InvalidArgument, match="the vision worker encoding 388"):
+        sequences_within(512 * mib, 98 * mib, 94 * mib, 64 * mib, 4096, vision_bytes=vision)

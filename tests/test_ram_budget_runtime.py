@@ -144,6 +144,7 @@ def test_lowering_the_budget_under_live_streams_cuts_none_and_the_kv_comes_down_
 
         assert during.kv_sequences >= STREAMS  # all four ran at once before the shrink
         assert not answer.reloaded  # the weights stay: only the KV and the caches resize
+        assert answer.budget.ram_bytes == SMALL_MIB << 20  # the answer says which budget is in force
         assert after.ram_budget_bytes == SMALL_MIB << 20 and after.kv_sequences_max == sequences_for(SMALL_MIB) == 2
         assert live >= 1, "every stream had ended before the budget changed: nothing was tested under load"
         for s in streams:
@@ -188,8 +189,9 @@ def test_a_budget_too_small_for_the_model_is_refused_saying_what_it_needs(ram_da
         assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         message = refused.value.details()
         assert "ram_size 1 MiB is below what this model needs" in message and "weights" in message
-        memory = client.status().memory
-        assert memory.ram_budget_bytes == LAUNCH_MIB << 20
+        status = client.status()
+        memory = status.memory
+        assert memory.ram_budget_bytes == status.budget.ram_bytes == LAUNCH_MIB << 20
         assert memory.kv_sequences_max == sequences_for(LAUNCH_MIB)
 
 
@@ -210,6 +212,7 @@ def test_zero_removes_the_budget(ram_daemon) -> None:
         assert memory.ram_budget_bytes == 0
         assert memory.kv_sequences_max == Settings(ctx=CTX).sequences() > 2
         assert answer.budget.vram_bytes == 0  # the VRAM budget is untouched
+        assert answer.budget.ram_bytes == 0 and client.status().budget.ram_bytes == 0
         set_ram(client, f"{LAUNCH_MIB}M")
 
 

@@ -104,6 +104,30 @@ def test_status_reports_vision_and_vlmopt_frees_the_encoder(vclient) -> None:
     assert v.available and v.vlmopt and v.placement == "cpu" and v.flash_attention
     assert not v.loaded  # loaded per image, freed after
     assert v.images_encoded >= 1 and v.last_encode_ms > 0 and v.compute_buffer_bytes > 0
+    # The worker is a process of its own, counted apart; nothing is set aside without a RAM budget.
+    assert status.memory.vision_worker_bytes > 10 << 20 and status.memory.vision_reserved_bytes == 0
+
+
+def test_a_ram_budget_sets_the_vision_worker_aside_and_images_still_answer(models) -> None:
+    from sidecar.crowd import vision_host_bytes
+    from sidecar.settings import Settings
+
+    projector = models["smollm2_projector"]
+    budget = "1200M"
+    with_vision = Settings(mmproj=projector, ram_budget=budget, profile="off")
+    # What the worker may hold encoding comes out of the conversations the budget holds.
+    assert with_vision.sequences() < Settings(ram_budget=budget, profile="off").sequences()
+    daemon = start_daemon("--mmproj", str(projector), "--ram-budget", budget, "--no-websocket")
+    try:
+        with daemon.client(timeout_s=120) as c:
+            answer = c.ask_image("Anything?", image=screenshot(seed=12), max_tokens=2, sampling=GREEDY)
+            memory = c.status().memory
+    finally:
+        stop_daemon(daemon)
+    assert answer.final.image.image_tokens > 0
+    assert memory.vision_reserved_bytes == vision_host_bytes(projector.stat().st_size, True)
+    assert memory.kv_sequences_max == with_vision.sequences()
+    assert 0 < memory.vision_worker_bytes <= memory.vision_reserved_bytes
 
 
 def _bad_requests() -> list[tuple[str, pb.AskImageRequest]]:

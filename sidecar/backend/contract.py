@@ -85,6 +85,7 @@ class BackendSnapshot:
     kv_sequences: int = 0
     kv_sequences_max: int = 0
     saved_sessions_bytes: int = 0
+    vision_worker_bytes: int = 0  # the CPU encoder's process, resident now
 
 
 class ModelOps(Protocol):

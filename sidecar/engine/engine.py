@@ -12,13 +12,14 @@ context has sequences, the least recently used idle one is saved to host memory 
 its next turn. A reload (new placement after a budget change) saves every sequence the same way,
 builds the new model and context, restores, and carries on: no stream notices but for a pause.
 
-Parts of it live beside it: which sequence a request gets (slot_choice.py), keeping the replying
-sequences on the lowest ids (packing.py), reloads (reload.py), the final report (finish_report.py),
-and prompt prefixes shared across conversations (prefix_sharing.py, prefix_cache.py).
+Parts of it live beside it: admission (admission.py) and which sequence a request gets
+(slot_choice.py), the KV growing and shrinking with the crowd (kv_resizing.py, kv_demand.py),
+keeping the replying sequences on the lowest ids (packing.py), reloads (reload.py), the final
+report (finish_report.py), and prompt prefixes shared across conversations (prefix_sharing.py,
+prefix_cache.py).
 """
 
 from __future__ import annotations
-
 
 import queue
 import threading
@@ -32,7 +33,6 @@ import structlog
 
 from sidecar.backend.engine_config import EngineConfig
 from sidecar.backend.load_report import parse_load_log
-from sidecar.native.context import NativeContext
 from sidecar.native.log_capture import install_native_log_filter
 from sidecar.backend.contract import BackendSnapshot, RequestLimits
 from sidecar.backend.phase import EnginePhase
@@ -40,24 +40,24 @@ from sidecar.engine.prompts.context_shift import shift_out_dropped
 from sidecar.engine.image_encodes import ImageEncodes
 from sidecar.engine.prompts.image_prompt import image_report, whole_images_prefix
 from sidecar.engine.prefix.prefix_cache import PrefixCache
-from sidecar.engine.prefix.prefix_sharing import PrefixSharing, shareable_tokens
+from sidecar.engine.prefix.prefix_sharing import PrefixSharing
 from sidecar.engine.prompts.prompt_build import BuiltPrompt, build_prompt
-from sidecar.engine.finish_report import cancelled_before_start, finished
+from sidecar.engine.finish_report import finished
 from sidecar.engine.scheduling.packing import packing_moves, swap
 from sidecar.engine.loading import context_for, load_model_and_context
 from sidecar.engine.session_turn import remember_turn
 from sidecar.engine.inbox import ImageReady, InboxMessage, Stop
-from sidecar.engine.kv_demand import (SequencePool, ceiling_count, grown_count, park_beyond, resize, shrunk_count,
-                                      swap_in)
+from sidecar.engine.admission import Admitting
+from sidecar.engine.kv_demand import SequencePool
+from sidecar.engine.kv_resizing import KvResizing
 from sidecar.engine.model_calls import ModelCall, ModelCalls
-from sidecar.engine.reload import Reloading, ReloadRequest, release_freed_memory
-from sidecar.engine.scheduling.resent_admission import check_not_ended, resolve_waiting, still_resolved
+from sidecar.engine.reload import Reloading, ReloadRequest
+from sidecar.engine.scheduling.resent_admission import check_not_ended
 from sidecar.backend.requests import NO_VISION_MODEL, FinishReason, GenerationSpec, Job, Sink, TextDelta
 from sidecar.engine.sampler_chain import SamplerChain
 from sidecar.backend.sessions import Session, SessionStore
-from sidecar.backend.prompt_layout import context_tokens
 from sidecar.engine.scheduling.slot import ActiveRequest, Slot
-from sidecar.engine.scheduling.slot_choice import choose_slot, common_prefix, evict
+from sidecar.engine.scheduling.slot_choice import common_prefix
 from sidecar.backend.stats import ThroughputStats
 from sidecar.engine.scheduling.step import SequenceDemand, StepPlan, plan_step, threads_for
 from sidecar.engine.pass_limits import PassLimiter
@@ -78,7 +78,7 @@ from sidecar.vision.encoder import EncodedImage, VisionEncoder
 
 log = structlog.get_logger("engine")
 
-class Engine(Reloading):
+class Engine(Admitting, KvResizing, Reloading):
     """Loads the model at construction (raises ModelLoadError) and serves until close()."""
 
     def __init__(self, config: EngineConfig) -> None:
@@ -211,6 +211,7 @@ class Engine(Reloading):
             kv_sequences=self.pool.allocated,
             kv_sequences_max=self.config.n_seq,
             saved_sessions_bytes=sum(v.host_bytes for v in self.sessions.views()),
+            vision_worker_bytes=self._images.worker_bytes(),
         )
 
     def close(self, timeout: float = 10.0) -> None:
@@ -271,9 +272,6 @@ class Engine(Reloading):
         except queue.Empty:
             return None
 
-    def _waiting_admissible(self) -> bool:
-        return any(not self._images.pending(j) for j in self._waiting) and any(not s.busy for s in self._slots)
-
     def _shutdown(self) -> None:
         for slot in self._slots:
             if slot.active is not None:
@@ -289,134 +287,6 @@ class Engine(Reloading):
                 item.sink(ShuttingDown())
             elif isinstance(item, (ReloadRequest, ModelCall)) and item.done.set_running_or_notify_cancel():
                 item.done.set_exception(ShuttingDown())
-
-    # -- admission ----------------------------------------------------------------------------------
-
-    def _admit(self) -> None:
-        """Bind waiting requests to free sequences, in arrival order; a request whose session is
-        mid-turn elsewhere waits for that turn to end."""
-        self._shrink_to_ceiling()
-        for job, error in resolve_waiting(self._waiting, self._slots, self.sessions):
-            job.sink(error)
-        self._plan_sharing()
-        self._images.poll(self._waiting, max(t for _, t in self.config.tier_threads), self.config.threads_decode,
-                          decoding=any(s.busy for s in self._slots))
-        still_waiting: deque[Job] = deque()
-        encoding_sessions: set[str] = set()  # a session's later turns wait for its image's turn
-        blocked = 0  # requests that wait only because every sequence is busy
-        while self._waiting:
-            job = self._waiting.popleft()
-            if job.cancelled:
-                job.sink(cancelled_before_start(job))
-                continue
-            if not still_resolved(job, self.sessions, self._images.pending):
-                still_waiting.append(job)  # its session is mid-turn: decided when that turn ends
-                continue
-            if self._images.pending(job) or job.spec.session_id in encoding_sessions:
-                if job.spec.session_id:
-                    encoding_sessions.add(job.spec.session_id)
-                still_waiting.append(job)
-                continue
-            if self.sharing.must_wait(job):
-                still_waiting.append(job)  # another request is computing its prefix right now
-                continue
-            choice = choose_slot(job, self.pool.admissible(self._slots), self.sessions, self._one_off_prompt_tokens)
-            if choice is None:
-                still_waiting.append(job)
-                blocked += all(s.busy for s in self._slots)
-                continue
-            slot = choice.slot
-            if choice.evict:
-                evict(slot, self._ctx, self.sessions)
-            try:
-                self._start(job, slot)
-            except SidecarError as e:
-                job.sink(e)
-            except Exception as e:  # one bad request must not take the engine down
-                log.exception("request failed to start", request_id=job.spec.request_id)
-                job.sink(EngineFailure(f"internal error: {type(e).__name__}: {e}"))
-        self._waiting = still_waiting
-        grown = self.pool.grown_context()
-        if grown is not None:
-            self._swap_in(grown)
-            self._admit()  # the new sequences are free: the waiting start now
-            return
-        grow = grown_count(self.pool.allocated, self.config.n_seq, sum(s.busy for s in self._slots), blocked)
-        if grow is not None and self.config.grow_beside:
-            self.pool.begin_growth(self.model, self.config, grow, lambda: self._inbox.put(ImageReady()))
-        elif grow is not None:
-            self._resize(grow)
-            self._admit()
-
-    def _swap_in(self, grown: NativeContext) -> None:
-        t0 = time.perf_counter()
-        before = self.pool.allocated
-        self._slots = swap_in(self._ctx, grown, self._slots)
-        self._ctx = grown
-        self._record_resize(before, t0)
-
-    def _resize(self, n: int) -> None:
-        """Allocate `n` sequences in place of today's (kv_demand.py); every stream pauses for it."""
-        t0 = time.perf_counter()
-        before = self.pool.allocated
-        self._ctx, self._slots = resize(self._ctx, self.model, self.config, self._slots, self.sessions, n)
-        self._record_resize(before, t0)
-
-    def _record_resize(self, before: int, t0: float) -> None:
-        self.pool.allocated = len(self._slots)
-        self.pool.resizes += 1
-        self.pool.last_resize_ms = (time.perf_counter() - t0) * 1000.0
-        if self.pool.allocated < before:
-            release_freed_memory()
-        log.info("kv sequences resized", sequences=self.pool.allocated, was=before, most=self.config.n_seq,
-                 pause_ms=round(self.pool.last_resize_ms, 1))
-
-    def _shrink_when_quiet(self) -> None:
-        if self.pool.growing:
-            return
-        n = shrunk_count(self.pool.allocated, self.pool.start, time.monotonic() - self.pool.quiet_since)
-        if n is not None:
-            self._resize(n)
-
-    def _shrink_to_ceiling(self) -> None:
-        """A RAM budget lowered below the sequences allocated: those beyond the new ceiling go as
-        soon as no reply streams in them (kv_demand.py); the busy ones first finish where they are."""
-        if self.pool.allocated <= self.pool.ceiling:
-            return
-        park_beyond(self._slots, self.pool.ceiling, self._ctx, self.sessions)
-        n = ceiling_count(self._slots, self.pool.ceiling)
-        if n is not None:
-            self._resize(n)
-
-    def _one_off_prompt_tokens(self, job: Job) -> list[int] | None:
-        """A one-off request's prompt tokens, kept on the job for _start; None if it cannot be
-        built (_start reports why)."""
-        if job.prompt_tokens is None:
-            try:
-                # Inside the try: text holding the image marker is refused here, and this runs
-                # while choosing a sequence, where an exception would stop the engine thread.
-                job.prompt_tokens = self._build(job.spec, None, []).tokens
-            except SidecarError:
-                return None
-        return job.prompt_tokens
-
-    def _plan_sharing(self) -> None:
-        new = [j for j in self._waiting if j.share_cut is None]
-        if not new:
-            return
-        known = [j.prompt_tokens for j in self._waiting if j.prompt_tokens]
-        known += [s.active.prompt_tokens if s.active is not None else s.cached for s in self._slots]
-        try:
-            self.sharing.plan(
-                new,
-                known,
-                lambda job: shareable_tokens(job, self.sessions, self._one_off_prompt_tokens),
-                lambda prompt: context_tokens(self.model.render_chat, self.model.tokenize, prompt),
-            )
-        except Exception:  # sharing is an optimisation: never let it stop admission
-            log.exception("planning shared prefixes failed")
-            for job in new:
-                job.share_cut = job.share_cut or 0
 
     def _build(self, spec: GenerationSpec, session: Session | None, images: list) -> BuiltPrompt:
         return build_prompt(self.model, spec, session, images, max_prompt_tokens=self.config.max_prompt_tokens,

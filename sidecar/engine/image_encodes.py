@@ -115,6 +115,9 @@ class ImageEncodes:
             raise outcome
         return outcome
 
+    def worker_bytes(self) -> int:
+        return self._process.resident_bytes() if self.settings is not None else 0
+
     def close(self) -> None:
         self._current = None
         self._process.close()

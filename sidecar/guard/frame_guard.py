@@ -40,6 +40,8 @@ class GuardSettings:
     report_stale_s: float = 5.0
     # A thread of the game counts as busy above this share of a core.
     busy_thread_share: float = 0.10
+    # How far below the game the daemon's threads go (priority.py): "idle" or "low".
+    priority: str = "idle"
 
 
 @dataclass(frozen=True)

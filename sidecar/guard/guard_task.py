@@ -116,7 +116,7 @@ class FrameGuard:
             self.state = replace(self.state, source="off", reason="--no-frame-guard: the plan's threads, no pauses")
         self._apply = apply
         self._watch = ProcessWatch(game_pid, settings.busy_thread_share) if enabled else None
-        self._priority = LowPriority()
+        self._priority = LowPriority(settings.priority)
         self._allowance, self._allowance_at = REPORTS_PER_S, time.monotonic()
 
     def report(self, report: pb.FrameReport) -> pb.FrameGuardState:

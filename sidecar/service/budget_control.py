@@ -90,6 +90,11 @@ class BudgetControl:
         self._auto_task: asyncio.Task | None = None
         self._auto_reserve = 0
 
+    @property
+    def auto_reserve_bytes(self) -> int | None:
+        """The reserve automatic mode keeps for the game; None while the VRAM budget is fixed."""
+        return self._auto_reserve if self._auto_task is not None else None
+
     async def set_vram_size(self, size: str, max_cpu_threads: int | None) -> BudgetChange:
         return await self.set(parse_size(size), max_cpu_threads)
 

@@ -261,8 +261,11 @@ def chunk_from_finished(f: Finished) -> pb.GenerateChunk:
     )
 
 
-def budget_to_pb(b: Budget) -> pb.Budget:
-    return pb.Budget(vram_bytes=b.vram_bytes, max_cpu_threads=b.max_cpu_threads)
+def budget_to_pb(b: Budget, *, ram_bytes: int = 0, auto_reserve_bytes: int | None = None) -> pb.Budget:
+    """The planner's budget plus what only the service knows: the RAM budget and automatic mode
+    (None: the VRAM budget is fixed)."""
+    return pb.Budget(vram_bytes=b.vram_bytes, max_cpu_threads=b.max_cpu_threads, ram_bytes=ram_bytes,
+                     auto_vram=auto_reserve_bytes is not None, auto_reserve_bytes=auto_reserve_bytes or 0)
 
 
 _PHASE = {
@@ -303,6 +306,8 @@ def status_to_pb(
     max_message_bytes: int,
     max_image_bytes: int = 0,
     ram_budget_bytes: int = 0,
+    vision_reserved_bytes: int = 0,
+    auto_reserve_bytes: int | None = None,
 ) -> pb.Status:
     m, c, t = snap.model, snap.config, snap.throughput
     return pb.Status(
@@ -322,7 +327,7 @@ def status_to_pb(
             projector_path=str(c.vision.projector_path) if c.vision is not None else "",
         ),
         vision=vision_status_to_pb(snap),
-        budget=budget_to_pb(budget),
+        budget=budget_to_pb(budget, ram_bytes=ram_budget_bytes, auto_reserve_bytes=auto_reserve_bytes),
         schedule=schedule_to_pb(c),
         memory=pb.MemoryUse(
             host_resident_bytes=host_resident_bytes,
@@ -340,6 +345,8 @@ def status_to_pb(
             saved_sessions_bytes=snap.saved_sessions_bytes,
             prefix_cache_bytes=snap.prefix_cache.bytes_held if snap.prefix_cache is not None else 0,
             ram_budget_bytes=ram_budget_bytes,
+            vision_worker_bytes=snap.vision_worker_bytes,
+            vision_reserved_bytes=vision_reserved_bytes,
         ),
         throughput=pb.Throughput(
             tokens_generated=t.tokens_generated,

@@ -41,6 +41,8 @@ class ServiceInfo:
     max_image_bytes: int = 32 << 20
     # --ram-budget, reported in status (0: none).
     ram_budget_bytes: int = 0
+    # What any RAM budget sets aside for the vision worker (crowd.py; 0: no projector).
+    vision_reserved_bytes: int = 0
 
 
 class SidecarService:
@@ -222,7 +224,7 @@ class SidecarService:
             reloaded, pause_ms = reloaded or change.reloaded, pause_ms + change.pause_ms
         self.budget = change.budget
         return pb.SetBudgetResponse(
-            budget=convert.budget_to_pb(change.budget),
+            budget=self._budget_pb(change.budget),
             schedule=convert.schedule_to_pb(backend.config),
             reloaded=reloaded,
             pause_ms=pause_ms,
@@ -234,6 +236,10 @@ class SidecarService:
         # Before the model is loaded there is no control yet; remote mode's holds no RAM budget.
         return getattr(self.budget_control, "ram_bytes", self.info.ram_budget_bytes)
 
+    def _budget_pb(self, budget: Budget) -> pb.Budget:
+        return convert.budget_to_pb(budget, ram_bytes=self.ram_budget_bytes,
+                                    auto_reserve_bytes=getattr(self.budget_control, "auto_reserve_bytes", None))
+
     def _refuse_while_draining(self) -> None:
         if self.draining:
             raise ShuttingDown()
@@ -244,7 +250,7 @@ class SidecarService:
             yield pb.StateEvent(
                 unix_ms=convert.now_unix_ms(),
                 phase=convert.phase_to_pb(state.phase),
-                budget=convert.budget_to_pb(state.budget),
+                budget=self._budget_pb(state.budget),
                 schedule=convert.schedule_to_pb(self.backend.config) if self.backend is not None else None,
                 reason=state.reason,
                 profile=profile_to_pb(state.profile),
@@ -258,6 +264,7 @@ class SidecarService:
                 uptime_s=time.monotonic() - self.started, host_resident_bytes=self._process.memory_info().rss,
                 listen_addresses=list(self.info.listen_addresses), max_message_bytes=self.info.max_message_bytes,
                 max_image_bytes=self.info.max_image_bytes, profile=self.state.current.profile,
+                ram_budget_bytes=self.ram_budget_bytes,
             )
         status = convert.status_to_pb(
             self.backend.snapshot(),
@@ -269,6 +276,8 @@ class SidecarService:
             max_message_bytes=self.info.max_message_bytes,
             max_image_bytes=self.info.max_image_bytes,
             ram_budget_bytes=self.ram_budget_bytes,
+            vision_reserved_bytes=self.info.vision_reserved_bytes if self.ram_budget_bytes else 0,
+            auto_reserve_bytes=getattr(self.budget_control, "auto_reserve_bytes", None),
         )
         if self.state.current.profile is not None:
             status.profile.CopyFrom(profile_to_pb(self.state.current.profile))

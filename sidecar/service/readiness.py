@@ -49,12 +49,13 @@ def profile_to_pb(view: ProfileView | None) -> pb.ProfileProgress | None:
 def starting_status(
     *, phase: str, budget: Budget, version: str, uptime_s: float, host_resident_bytes: int,
     listen_addresses: list[str], max_message_bytes: int, max_image_bytes: int, profile: ProfileView | None,
+    ram_budget_bytes: int = 0,
 ) -> pb.Status:
     """GetStatus before the engine exists: what is known without a model."""
     return pb.Status(
         version=version,
         phase=phase_to_pb(phase),
-        budget=budget_to_pb(budget),
+        budget=budget_to_pb(budget, ram_bytes=ram_budget_bytes),
         memory=pb.MemoryUse(host_resident_bytes=host_resident_bytes),
         limits=pb.Limits(max_message_bytes=max_message_bytes, max_image_bytes=max_image_bytes),
         uptime_s=uptime_s,

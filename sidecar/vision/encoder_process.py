@@ -17,6 +17,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import replace
 
+import psutil
 import structlog
 
 from sidecar import errors
@@ -143,6 +144,17 @@ class EncoderProcess:
         # The reply thread owns stdout while an encode is in flight (it closes it itself); closing
         # it under that thread's read would wait for the read.
         return getattr(process, "xlm_reading", False)
+
+    def resident_bytes(self) -> int:
+        """The worker's resident memory now (0: none running): it is a process of its own, so the
+        daemon's own resident figure does not count it."""
+        process = self._process
+        if process is None or process.poll() is not None:
+            return 0
+        try:
+            return psutil.Process(process.pid).memory_info().rss
+        except psutil.Error:
+            return 0  # it ended meanwhile
 
     def close(self) -> None:
         with self._lock:

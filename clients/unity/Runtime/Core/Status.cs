@@ -37,6 +37,8 @@ namespace Xlm.Sidecar
         public uint MaxCpuThreads;
         public bool AutoVram;
         public ulong AutoReserveBytes;
+        /// <summary>Host memory the daemon may hold; 0 is no budget.</summary>
+        public ulong RamBytes;
 
         internal static Budget FromJson(JsonObject json)
         {
@@ -47,6 +49,7 @@ namespace Xlm.Sidecar
                 MaxCpuThreads = json.GetUInt32("maxCpuThreads"),
                 AutoVram = json.GetBool("autoVram"),
                 AutoReserveBytes = json.GetUInt64("autoReserveBytes"),
+                RamBytes = json.GetUInt64("ramBytes"),
             };
         }
     }

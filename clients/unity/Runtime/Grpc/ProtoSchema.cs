@@ -207,6 +207,7 @@ namespace Xlm.Sidecar.Grpc
                     new ProtoField(2, "maxCpuThreads", ProtoType.UInt32, null),
                     new ProtoField(3, "autoVram", ProtoType.Bool, null),
                     new ProtoField(4, "autoReserveBytes", ProtoType.UInt64, null),
+                    new ProtoField(5, "ramBytes", ProtoType.UInt64, null),
                 }
             },
             { "xlm.v1.SetBudgetRequest", new ProtoField[]
@@ -312,6 +313,8 @@ namespace Xlm.Sidecar.Grpc
                     new ProtoField(10, "savedSessionsBytes", ProtoType.UInt64, null),
                     new ProtoField(11, "prefixCacheBytes", ProtoType.UInt64, null),
                     new ProtoField(12, "ramBudgetBytes", ProtoType.UInt64, null),
+                    new ProtoField(13, "visionWorkerBytes", ProtoType.UInt64, null),
+                    new ProtoField(14, "visionReservedBytes", ProtoType.UInt64, null),
                 }
             },
             { "xlm.v1.DeviceMemory", new ProtoField[]

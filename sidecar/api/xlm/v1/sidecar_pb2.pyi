@@ -379,16 +379,18 @@ class AskImageRequest(_message.Message):
     def __init__(self, image: _Optional[_Union[Image, _Mapping]] = ..., question: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., max_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., json_schema: _Optional[str] = ..., session_id: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class Budget(_message.Message):
-    __slots__ = ("vram_bytes", "max_cpu_threads", "auto_vram", "auto_reserve_bytes")
+    __slots__ = ("vram_bytes", "max_cpu_threads", "auto_vram", "auto_reserve_bytes", "ram_bytes")
     VRAM_BYTES_FIELD_NUMBER: _ClassVar[int]
     MAX_CPU_THREADS_FIELD_NUMBER: _ClassVar[int]
     AUTO_VRAM_FIELD_NUMBER: _ClassVar[int]
     AUTO_RESERVE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    RAM_BYTES_FIELD_NUMBER: _ClassVar[int]
     vram_bytes: int
     max_cpu_threads: int
     auto_vram: bool
     auto_reserve_bytes: int
-    def __init__(self, vram_bytes: _Optional[int] = ..., max_cpu_threads: _Optional[int] = ..., auto_vram: _Optional[bool] = ..., auto_reserve_bytes: _Optional[int] = ...) -> None: ...
+    ram_bytes: int
+    def __init__(self, vram_bytes: _Optional[int] = ..., max_cpu_threads: _Optional[int] = ..., auto_vram: _Optional[bool] = ..., auto_reserve_bytes: _Optional[int] = ..., ram_bytes: _Optional[int] = ...) -> None: ...
 
 class SetBudgetRequest(_message.Message):
     __slots__ = ("vram_bytes", "vram_size", "auto_reserve_bytes", "max_cpu_threads", "ram_size")
@@ -524,7 +526,7 @@ class ModelInfo(_message.Message):
     def __init__(self, path: _Optional[str] = ..., name: _Optional[str] = ..., architecture: _Optional[str] = ..., parameters: _Optional[int] = ..., file_bytes: _Optional[int] = ..., trained_context: _Optional[int] = ..., layers: _Optional[int] = ..., experts: _Optional[int] = ..., chat_template: _Optional[str] = ..., vision_available: _Optional[bool] = ..., projector_path: _Optional[str] = ...) -> None: ...
 
 class MemoryUse(_message.Message):
-    __slots__ = ("host_resident_bytes", "vram_used_bytes", "model_host_bytes", "model_vram_bytes", "kv_cache_bytes", "planned_vram_bytes", "devices", "placement_device", "kv_cache_held_bytes", "kv_sequences", "kv_sequences_max", "saved_sessions_bytes", "prefix_cache_bytes", "ram_budget_bytes")
+    __slots__ = ("host_resident_bytes", "vram_used_bytes", "model_host_bytes", "model_vram_bytes", "kv_cache_bytes", "planned_vram_bytes", "devices", "placement_device", "kv_cache_held_bytes", "kv_sequences", "kv_sequences_max", "saved_sessions_bytes", "prefix_cache_bytes", "ram_budget_bytes", "vision_worker_bytes", "vision_reserved_bytes")
     HOST_RESIDENT_BYTES_FIELD_NUMBER: _ClassVar[int]
     VRAM_USED_BYTES_FIELD_NUMBER: _ClassVar[int]
     MODEL_HOST_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -539,6 +541,8 @@ class MemoryUse(_message.Message):
     SAVED_SESSIONS_BYTES_FIELD_NUMBER: _ClassVar[int]
     PREFIX_CACHE_BYTES_FIELD_NUMBER: _ClassVar[int]
     RAM_BUDGET_BYTES_FIELD_NUMBER: _ClassVar[int]
+    VISION_WORKER_BYTES_FIELD_NUMBER: _ClassVar[int]
+    VISION_RESERVED_BYTES_FIELD_NUMBER: _ClassVar[int]
     host_resident_bytes: int
     vram_used_bytes: int
     model_host_bytes: int
@@ -553,7 +557,9 @@ class MemoryUse(_message.Message):
     saved_sessions_bytes: int
     prefix_cache_bytes: int
     ram_budget_bytes: int
-    def __init__(self, host_resident_bytes: _Optional[int] = ..., vram_used_bytes: _Optional[int] = ..., model_host_bytes: _Optional[int] = ..., model_vram_bytes: _Optional[int] = ..., kv_cache_bytes: _Optional[int] = ..., planned_vram_bytes: _Optional[int] = ..., devices: _Optional[_Iterable[_Union[DeviceMemory, _Mapping]]] = ..., placement_device: _Optional[str] = ..., kv_cache_held_bytes: _Optional[int] = ..., kv_sequences: _Optional[int] = ..., kv_sequences_max: _Optional[int] = ..., saved_sessions_bytes: _Optional[int] = ..., prefix_cache_bytes: _Optional[int] = ..., ram_budget_bytes: _Optional[int] = ...) -> None: ...
+    vision_worker_bytes: int
+    vision_reserved_bytes: int
+    def __init__(self, host_resident_bytes: _Optional[int] = ..., vram_used_bytes: _Optional[int] = ..., model_host_bytes: _Optional[int] = ..., model_vram_bytes: _Optional[int] = ..., kv_cache_bytes: _Optional[int] = ..., planned_vram_bytes: _Optional[int] = ..., devices: _Optional[_Iterable[_Union[DeviceMemory, _Mapping]]] = ..., placement_device: _Optional[str] = ..., kv_cache_held_bytes: _Optional[int] = ..., kv_sequences: _Optional[int] = ..., kv_sequences_max: _Optional[int] = ..., saved_sessions_bytes: _Optional[int] = ..., prefix_cache_bytes: _Optional[int] = ..., ram_budget_bytes: _Optional[int] = ..., vision_worker_bytes: _Optional[int] = ..., vision_reserved_bytes: _Optional[int] = ...) -> None: ...
 
 class DeviceMemory(_message.Message):
     __slots__ = ("device", "model_bytes", "kv_cache_bytes", "compute_bytes", "output_bytes", "free_bytes", "total_bytes")
