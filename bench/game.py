@@ -27,7 +27,7 @@ from pathlib import Path
 from bench import common
 
 SIDES = ("alone", "llama-server", "llama-server -t 1", "guard off", "guard on (reports)", "guard on (watching)",
-         "guard on (reports, low)")
+         "guard on (reports) nice 19")
 # Run by default: the last side is the guard's weaker priority lever (nice 19 instead of the idle
 # class), there to be measured against the default with --sides.
 DEFAULT_SIDES = SIDES[:-1]
@@ -153,9 +153,9 @@ def _side(args, side: str, units: int, threads: int, seconds: float, folder: Pat
 
     server = daemon = streamer_owner = game = None
     try:
-        if side.startswith("guard on (reports"):
+        if side.startswith("guard on (reports)"):
             # The game must know the daemon's address before its frames start: the daemon first.
-            flags = ["--frame-guard-priority", "low"] if side.endswith("low)") else []
+            flags = ["--frame-guard-priority", "low"] if side.endswith("nice 19") else []
             daemon = start_daemon("--model", str(model), *common.profile_flags(), "--stream-interval-ms", "33", *flags)
             game, start_file, out = _game(args, units, threads, seconds, folder, daemon.address, daemon.token)
         else:
@@ -262,7 +262,7 @@ def _table(threads: int, rows: dict[str, list[dict]]) -> None:
     alone = rows.get("alone")
     off = rows.get("guard off")
     peer = rows.get("llama-server -t 1")
-    for side in ("guard on (reports)", "guard on (watching)", "guard on (reports, low)"):
+    for side in ("guard on (reports)", "guard on (watching)", "guard on (reports) nice 19"):
         on = rows.get(side)
         if not on or not alone:
             continue

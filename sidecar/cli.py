@@ -45,8 +45,9 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                    "--hardware` takes it: a spec or profile JSON file, a preset, or key=value figures (what-if runs, tests)")
     p.add_argument("--no-frame-guard", dest="frame_guard", action="store_false", default=None,
                    help="do not adapt to the game's frames (threads, pass sizes, pauses, priority): take the cores the plan gives")
-    p.add_argument("--frame-guard-priority", choices=("idle", "low"), help="how far below the game the guard puts "
-                   "the daemon's threads: idle (default; SCHED_IDLE on Linux, the idle class on Windows) or low (nice 19)")
+    p.add_argument("--frame-guard-priority", choices=("auto", "idle", "low"), help="how far below the game the guard "
+                   "puts the daemon's threads: auto (default: nice 19, and the idle scheduling class once the game fills "
+                   "every core or its frames run late), idle (the idle class from the start) or low (nice 19 only)")
     p.add_argument("--frame-budget-ms", type=float, help="the game's frame budget when its frame reports do not say it "
                    "(default 16.7: 60 fps)")
     p.add_argument("--no-adaptive-threads", dest="adaptive_threads", action="store_false", default=None,
@@ -360,6 +361,8 @@ def _run_budget(args: argparse.Namespace) -> int:
 
 
 def _vision_memory(m) -> str:
+    from sidecar.budget import format_size
+
     if not (m.vision_worker_bytes or m.vision_reserved_bytes):
         return ""
     kept = f" of {format_size(m.vision_reserved_bytes)} set aside" if m.vision_reserved_bytes else ""

@@ -46,8 +46,9 @@ class Settings(BaseSettings):
     flash_attention: Literal["auto", "on", "off"] = "auto"
     profile: str = Field("auto", description='machine profile for the planner: "auto" (measure once), "off", or a file')
     frame_guard: bool = Field(True, description="keep out of the game's way by its frame times and its process's load (sidecar.guard)")
-    frame_guard_priority: Literal["idle", "low"] = Field(
-        "idle", description="how far below the game the guard puts the daemon's threads: idle (the idle scheduling class) or low (nice 19)")
+    frame_guard_priority: Literal["auto", "idle", "low"] = Field(
+        "auto", description="how far below the game the guard puts the daemon's threads: auto (nice 19, the idle "
+        "scheduling class once the game fills every core or its frames run late), idle (always the idle class) or low (nice 19 only)")
     frame_budget_ms: float = Field(1000.0 / 60, ge=1.0, le=1000.0, description="the game's frame budget when its reports do not say (ms)")
     adaptive_threads: bool = Field(True, description="step CPU threads down while passes run far slower than planned (a busy PC); off pins them")
     hardware: str | None = Field(None, description="plan for this machine description (as `plan --hardware` takes it) instead of the profile")

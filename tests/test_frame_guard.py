@@ -140,14 +140,31 @@ def test_no_game_to_watch_is_not_an_error() -> None:
     assert load is not None and not load.watching_game and load.game_busy_threads == 0
 
 
-# Lowering cannot be undone without privilege, so each strength is applied in a process of its own.
+def test_the_idle_class_only_where_the_game_fills_every_core_or_its_frames_run_late() -> None:
+    one = on_load(GuardState(), GameLoad(game_busy_threads=1, watching_game=True), 0.0, S, cores=2)
+    assert one.limits.low_priority and not one.limits.idle_class  # a core left: nice 19 only
+    both = on_load(one, GameLoad(game_busy_threads=2, watching_game=True), 0.5, S, cores=2)
+    assert both.limits.idle_class and "idle scheduling class" in both.reason
+    # It cannot be left without privilege: kept when the game goes back to one thread.
+    back = on_load(both, GameLoad(game_busy_threads=1, watching_game=True), 1.0, S, cores=2)
+    assert back.limits.idle_class and "taken earlier" in back.reason
+    late = on_report(GuardState(), BAD, 0.0, S, cores=8)  # reports alone: the ladder's first step
+    assert late.level == 1 and late.limits.idle_class
+    assert not on_report(GuardState(), CLEAN, 0.0, S, cores=8).limits.idle_class
+    low, idle = GuardSettings(priority="low"), GuardSettings(priority="idle")
+    assert not on_load(GuardState(), GameLoad(game_busy_threads=2, watching_game=True), 0.0, low, cores=2).limits.idle_class
+    assert on_load(GuardState(), GameLoad(), 0.0, idle, cores=2).limits.idle_class
+
+
+# Lowering cannot be undone without privilege, so each is applied in a process of its own.
 LOWER = """
 import json, os, sys, threading
 from sidecar.guard.priority import LowPriority
 started = threading.Event()
 worker = threading.Thread(target=lambda: (started.set(), threading.Event().wait(5)), daemon=True)
 worker.start(); started.wait()
-LowPriority(sys.argv[1]).apply()
+lowered = LowPriority()
+lowered.apply(idle_class=sys.argv[1] == "idle")
 print(json.dumps(sorted({(os.getpriority(os.PRIO_PROCESS, int(t)), os.sched_getscheduler(int(t)))
                          for t in os.listdir("/proc/self/task")})))
 """
@@ -161,10 +178,3 @@ def test_each_priority_strength_lowers_every_thread(strength: str) -> None:
     out = subprocess.run([sys.executable, "-c", LOWER, strength], capture_output=True, text=True, timeout=60, check=True)
     policy = os.SCHED_IDLE if strength == "idle" else os.SCHED_OTHER
     assert json.loads(out.stdout) == [[19, policy]], out.stdout  # every thread, the worker started before too
-
-
-def test_an_unknown_priority_strength_is_refused() -> None:
-    from sidecar.guard.priority import LowPriority
-
-    with pytest.raises(ValueError, match="idle, low"):
-        LowPriority("lowest")

@@ -90,8 +90,10 @@ def test_every_daemon_thread_runs_below_the_games_priority(guarded: RunningDaemo
     with guarded.client(timeout_s=60) as client:  # threads started for a generation are lowered too
         client.complete(pb.GenerateRequest(prompt="Hello", max_tokens=4))
     time.sleep(1.0)  # the guard's sweep runs twice a second
-    # The default strength: the idle class, and nice 19 beneath it should the class be refused.
-    assert _scheduling(guarded.process.pid) == {(19, os.SCHED_IDLE)}
+    # nice 19 on every thread; the idle class too where the guard took it (the game, or anything
+    # else busy here, fills every core), and then on every thread.
+    state = _guard_status(guarded, lambda s: True)
+    assert _scheduling(guarded.process.pid) == {(19, os.SCHED_IDLE if state.idle_class else os.SCHED_OTHER)}, state
 
 
 def test_frame_reports_steer_the_passes_and_a_stream_runs_to_its_end(guarded: RunningDaemon) -> None:
@@ -120,6 +122,9 @@ def test_frame_reports_steer_the_passes_and_a_stream_runs_to_its_end(guarded: Ru
     assert [a.source for a in answers][-1] == "frame reports" and answers[-1].reports >= 8
     assert answers[-1].max_pass_tokens == 32, [(a.max_threads, a.max_pass_tokens, a.reason) for a in answers]
     assert answers[-1].game_frame_ms_p99 == 25 and math.isclose(answers[-1].game_over_budget_share, 0.1)
+    if sys.platform.startswith("linux"):  # late frames: the idle class, on every thread, within a sweep
+        state = _guard_status(guarded, lambda s: s.idle_class)
+        assert state.idle_class and _scheduling(guarded.process.pid) == {(19, os.SCHED_IDLE)}, state
     assert len(finals) == 1 and finals[0].finish_reason == pb.FINISH_REASON_LENGTH and len(tokens) == 96
 
 

@@ -122,8 +122,11 @@ def test_a_ram_budget_sets_the_vision_worker_aside_and_images_still_answer(model
         with daemon.client(timeout_s=120) as c:
             answer = c.ask_image("Anything?", image=screenshot(seed=12), max_tokens=2, sampling=GREEDY)
             memory = c.status().memory
+        shown = subprocess.run([sys.executable, "-m", "sidecar", "status", "--address", daemon.address, "--token",
+                                daemon.token], capture_output=True, text=True, timeout=120)
     finally:
         stop_daemon(daemon)
+    assert shown.returncode == 0 and "vision worker" in shown.stdout and "set aside" in shown.stdout, shown.stderr
     assert answer.final.image.image_tokens > 0
     assert memory.vision_reserved_bytes == vision_host_bytes(projector.stat().st_size, True)
     assert memory.kv_sequences_max == with_vision.sequences()

@@ -40,8 +40,9 @@ class GuardSettings:
     report_stale_s: float = 5.0
     # A thread of the game counts as busy above this share of a core.
     busy_thread_share: float = 0.10
-    # How far below the game the daemon's threads go (priority.py): "idle" or "low".
-    priority: str = "idle"
+    # How far below the game the daemon's threads go (priority.py): "auto" (nice 19, and the idle
+    # scheduling class once the game fills every core or its frames run late), "idle" or "low".
+    priority: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,7 @@ class PassLimits:
     max_pass_tokens: int = 0
     pause_ratio: float = 0.0  # a pause after each pass, as a share of its time
     low_priority: bool = False
+    idle_class: bool = False  # the idle scheduling class (priority.py); once taken, kept
 
 
 NO_LIMITS = PassLimits()
@@ -158,7 +160,18 @@ def decide(state: GuardState, now_s: float, settings: GuardSettings, cores: int)
         w = state.last_window
         why.append(f"frames p99 {w.p99_ms:.1f} ms, {w.over_budget}/{w.frames} over {budget_ms(settings, w):.1f} ms"
                    + (f" (level {level})" if level else ""))
-    limits = PassLimits(max_threads=threads, max_pass_tokens=tokens, pause_ratio=pause, low_priority=True)
+    # The idle class only where the daemon must share a core with the game: beside a game that
+    # leaves a core free it cost the game's p99 frame time (bench/run.py game, one game thread on 2
+    # cores: 12.8-13.4 ms against 10.6-11.4 at nice 19; the OS counts a core running only idle-class
+    # threads as free, and wakes the game's thread there, off its warm cache), where beside a game
+    # on every core it cut late frames from 8-10% to 1.3-1.4%. It cannot be left without
+    # privilege, so once taken it is kept.
+    fills = taken >= cores or level >= 1
+    idle = settings.priority == "idle" or (settings.priority == "auto" and fills) or state.limits.idle_class
+    if idle and settings.priority == "auto":
+        why.append("in the idle scheduling class" + ("" if fills else " (taken earlier: kept)"))
+    limits = PassLimits(max_threads=threads, max_pass_tokens=tokens, pause_ratio=pause, low_priority=True,
+                        idle_class=idle)
     source = ("frame reports" if reporting else "watching the game process" if load.watching_game
               else "machine load" if others else "nothing seen")
     reason = "; ".join(why) if why else "the game leaves the cores free: below its priority only"

@@ -116,7 +116,7 @@ class FrameGuard:
             self.state = replace(self.state, source="off", reason="--no-frame-guard: the plan's threads, no pauses")
         self._apply = apply
         self._watch = ProcessWatch(game_pid, settings.busy_thread_share) if enabled else None
-        self._priority = LowPriority(settings.priority)
+        self._priority = LowPriority()
         self._allowance, self._allowance_at = REPORTS_PER_S, time.monotonic()
 
     def report(self, report: pb.FrameReport) -> pb.FrameGuardState:
@@ -142,8 +142,8 @@ class FrameGuard:
             load = await asyncio.to_thread(self._watch.sample)
             if load is not None:
                 self._set(on_load(self.state, load, time.monotonic(), self.settings, self.cores))
-            if self.state.limits.low_priority:
-                await asyncio.to_thread(self._priority.apply)  # threads started since, too
+            if self.state.limits.low_priority:  # threads started since, too
+                await asyncio.to_thread(self._priority.apply, self.state.limits.idle_class)
 
     def _set(self, state: GuardState) -> None:
         before, self.state = self.state.limits, state
@@ -151,6 +151,7 @@ class FrameGuard:
             self._apply(state.limits)
             log.info("frame guard", threads=state.limits.max_threads or "plan", pass_tokens=state.limits.max_pass_tokens
                      or "plan", pause=state.limits.pause_ratio, low_priority=state.limits.low_priority,
+                     idle_class=state.limits.idle_class,
                      source=state.source, reason=state.reason)
 
     def to_pb(self) -> pb.FrameGuardState:
@@ -158,7 +159,8 @@ class FrameGuard:
         return pb.FrameGuardState(
             enabled=self.enabled, source=s.source, frame_budget_ms=budget_ms(self.settings, w),
             max_threads=limits.max_threads, max_pass_tokens=limits.max_pass_tokens,
-            pause_ms=self._pause_ms(), low_priority=limits.low_priority and self._priority.applied, reason=s.reason,
+            pause_ms=self._pause_ms(), low_priority=limits.low_priority and self._priority.applied,
+            idle_class=self._priority.idle_applied, reason=s.reason,
             game_frame_ms_p99=w.p99_ms if w else 0.0, game_over_budget_share=(w.over_budget / w.frames) if w else 0.0,
             game_busy_cores=s.load.game_busy_cores, game_busy_threads=s.load.game_busy_threads,
             changes=s.changes, reports=s.reports)

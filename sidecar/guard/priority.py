@@ -7,11 +7,11 @@ lowers. Linux keeps a nice value per thread: every thread is lowered, and those 
 inherit it from the thread that starts them (llama.cpp's workers from the engine thread), which a
 sweep twice a second makes sure of. Windows and macOS have one priority for the process.
 
-Two strengths (--frame-guard-priority): "low" is nice 19 (below normal on Windows); "idle", the
-default, is the idle scheduling class (SCHED_IDLE on Linux, the idle priority class on Windows),
-under every nice value, so that a game thread waking on a core a daemon thread holds takes it at
-once. Both leave the daemon a small share of a core the game keeps busy: not starved, never first.
-bench/run.py game measures them side by side."""
+Two strengths: nice 19 (below normal on Windows), and under it the idle scheduling class
+(SCHED_IDLE on Linux, the idle priority class on Windows), in which a game thread waking on a core
+a daemon thread holds takes it at once. Which one, and when, is the guard's decision
+(frame_guard.decide, --frame-guard-priority). Both leave the daemon a small share of a core the
+game keeps busy: not starved, never first."""
 
 from __future__ import annotations
 
@@ -28,41 +28,37 @@ log = structlog.get_logger("guard")
 NICE = 19
 
 
-PRIORITIES = ("idle", "low")
-
-
 class LowPriority:
-    def __init__(self, strength: str = "idle") -> None:
-        if strength not in PRIORITIES:
-            raise ValueError(f"priority {strength!r}: one of {', '.join(PRIORITIES)}")
-        self.idle_class = strength == "idle"
+    """Lowers every thread of the daemon, once each: to nice 19, and to the idle class when asked."""
+
+    def __init__(self) -> None:
         self.applied = False
-        self._done: set[int] = set()
+        self.idle_applied = False
+        self._low: set[int] = set()
+        self._idle: set[int] = set()
         self._failed = False
 
-    def apply(self) -> None:
+    def apply(self, idle_class: bool = False) -> None:
         try:
             if sys.platform.startswith("linux"):
                 for name in os.listdir("/proc/self/task"):
                     tid = int(name)
-                    if tid not in self._done:
-                        self._lower_thread(tid)
-                        self._done.add(tid)
-            elif not self.applied:
+                    if tid not in self._low:
+                        os.setpriority(os.PRIO_PROCESS, tid, max(NICE, os.getpriority(os.PRIO_PROCESS, tid)))
+                        self._low.add(tid)
+                    if idle_class and tid not in self._idle:
+                        if os.sched_getscheduler(tid) != os.SCHED_IDLE:
+                            os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+                        self._idle.add(tid)
+            elif not self.applied or (idle_class and not self.idle_applied):
                 process = psutil.Process()
                 if sys.platform == "win32":
-                    process.nice(psutil.IDLE_PRIORITY_CLASS if self.idle_class else psutil.BELOW_NORMAL_PRIORITY_CLASS)
+                    process.nice(psutil.IDLE_PRIORITY_CLASS if idle_class else psutil.BELOW_NORMAL_PRIORITY_CLASS)
                 else:
                     process.nice(max(NICE, process.nice()))
             self.applied = True
+            self.idle_applied = self.idle_applied or idle_class
         except (OSError, psutil.Error) as e:
             if not self._failed:  # once: a sandbox that forbids it should not fill the log
                 log.warning("could not lower the daemon's priority", error=str(e))
                 self._failed = True
-
-    def _lower_thread(self, tid: int) -> None:
-        os.setpriority(os.PRIO_PROCESS, tid, max(NICE, os.getpriority(os.PRIO_PROCESS, tid)))
-        # The nice value first: under SCHED_IDLE it is ignored, but it still holds should the
-        # class be refused (some sandboxes forbid sched_setscheduler) and threads inherit both.
-        if self.idle_class and os.sched_getscheduler(tid) != os.SCHED_IDLE:
-            os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))

@@ -56,6 +56,8 @@ namespace Xlm.Sidecar
         public double PauseMs;
         /// <summary>Whether the daemon runs below the game's scheduling priority.</summary>
         public bool LowPriority;
+        /// <summary>Below that: the idle scheduling class, taken once the game keeps every core busy or its frames run late.</summary>
+        public bool IdleClass;
         /// <summary>Why, in a sentence.</summary>
         public string Reason;
         public double GameFrameMsP99;
@@ -79,6 +81,7 @@ namespace Xlm.Sidecar
                 MaxPassTokens = json.GetUInt32("maxPassTokens"),
                 PauseMs = json.GetDouble("pauseMs"),
                 LowPriority = json.GetBool("lowPriority"),
+                IdleClass = json.GetBool("idleClass"),
                 Reason = json.GetString("reason"),
                 GameFrameMsP99 = json.GetDouble("gameFrameMsP99"),
                 GameOverBudgetShare = json.GetDouble("gameOverBudgetShare"),

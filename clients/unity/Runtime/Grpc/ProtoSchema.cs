@@ -440,6 +440,7 @@ namespace Xlm.Sidecar.Grpc
                     new ProtoField(12, "gameBusyThreads", ProtoType.UInt32, null),
                     new ProtoField(13, "changes", ProtoType.UInt64, null),
                     new ProtoField(14, "reports", ProtoType.UInt64, null),
+                    new ProtoField(15, "idleClass", ProtoType.Bool, null),
                 }
             },
         };

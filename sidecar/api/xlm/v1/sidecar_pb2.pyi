@@ -736,7 +736,7 @@ class FrameReport(_message.Message):
     def __init__(self, frames: _Optional[int] = ..., window_ms: _Optional[float] = ..., frame_ms_p50: _Optional[float] = ..., frame_ms_p99: _Optional[float] = ..., frame_ms_max: _Optional[float] = ..., frames_over_budget: _Optional[int] = ..., frame_budget_ms: _Optional[float] = ..., gpu_frame_ms_p99: _Optional[float] = ...) -> None: ...
 
 class FrameGuardState(_message.Message):
-    __slots__ = ("enabled", "source", "frame_budget_ms", "max_threads", "max_pass_tokens", "pause_ms", "low_priority", "reason", "game_frame_ms_p99", "game_over_budget_share", "game_busy_cores", "game_busy_threads", "changes", "reports")
+    __slots__ = ("enabled", "source", "frame_budget_ms", "max_threads", "max_pass_tokens", "pause_ms", "low_priority", "reason", "game_frame_ms_p99", "game_over_budget_share", "game_busy_cores", "game_busy_threads", "changes", "reports", "idle_class")
     ENABLED_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     FRAME_BUDGET_MS_FIELD_NUMBER: _ClassVar[int]
@@ -751,6 +751,7 @@ class FrameGuardState(_message.Message):
     GAME_BUSY_THREADS_FIELD_NUMBER: _ClassVar[int]
     CHANGES_FIELD_NUMBER: _ClassVar[int]
     REPORTS_FIELD_NUMBER: _ClassVar[int]
+    IDLE_CLASS_FIELD_NUMBER: _ClassVar[int]
     enabled: bool
     source: str
     frame_budget_ms: float
@@ -765,4 +766,5 @@ class FrameGuardState(_message.Message):
     game_busy_threads: int
     changes: int
     reports: int
-    def __init__(self, enabled: _Optional[bool] = ..., source: _Optional[str] = ..., frame_budget_ms: _Optional[float] = ..., max_threads: _Optional[int] = ..., max_pass_tokens: _Optional[int] = ..., pause_ms: _Optional[float] = ..., low_priority: _Optional[bool] = ..., reason: _Optional[str] = ..., game_frame_ms_p99: _Optional[float] = ..., game_over_budget_share: _Optional[float] = ..., game_busy_cores: _Optional[float] = ..., game_busy_threads: _Optional[int] = ..., changes: _Optional[int] = ..., reports: _Optional[int] = ...) -> None: ...
+    idle_class: bool
+    def __init__(self, enabled: _Optional[bool] = ..., source: _Optional[str] = ..., frame_budget_ms: _Optional[float] = ..., max_threads: _Optional[int] = ..., max_pass_tokens: _Optional[int] = ..., pause_ms: _Optional[float] = ..., low_priority: _Optional[bool] = ..., reason: _Optional[str] = ..., game_frame_ms_p99: _Optional[float] = ..., game_over_budget_share: _Optional[float] = ..., game_busy_cores: _Optional[float] = ..., game_busy_threads: _Optional[int] = ..., changes: _Optional[int] = ..., reports: _Optional[int] = ..., idle_class: _Optional[bool] = ...) -> None: ...

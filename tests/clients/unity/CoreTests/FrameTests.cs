@@ -117,11 +117,11 @@ namespace Xlm.Sidecar.Tests
                 Json.Write(report.ToJson()), "FrameReport in the JSON mapping");
 
             const string guard = "{\"enabled\":true,\"source\":\"frame reports\",\"frameBudgetMs\":16.7,\"maxThreads\":2," +
-                                 "\"maxPassTokens\":64,\"pauseMs\":1.5,\"lowPriority\":true,\"reason\":\"frames run late\"," +
+                                 "\"maxPassTokens\":64,\"pauseMs\":1.5,\"lowPriority\":true,\"idleClass\":true,\"reason\":\"frames run late\"," +
                                  "\"gameFrameMsP99\":30.5,\"gameOverBudgetShare\":0.25,\"gameBusyCores\":1.5,\"gameBusyThreads\":2," +
                                  "\"changes\":\"18446744073709551615\",\"reports\":\"7\"}";
             var state = FrameGuardState.FromJson(Json.ParseObject(guard));
-            Check.True(state.Enabled && state.LowPriority, "booleans");
+            Check.True(state.Enabled && state.LowPriority && state.IdleClass, "booleans");
             Check.Equal("frame reports", state.Source, "source");
             Check.Equal("frames run late", state.Reason, "reason");
             Check.Equal(2u, state.MaxThreads, "maxThreads");
@@ -143,6 +143,8 @@ namespace Xlm.Sidecar.Tests
                 Json.Write(SetBudgetRequest.Vram("2G", 3, "512M").ToJson()), "SetBudgetRequest with ram_size");
             Check.Equal("{\"ramSize\":\"0\"}", Json.Write(SetBudgetRequest.Ram("0").ToJson()), "only the RAM budget");
             Check.True(!SetBudgetRequest.Vram("1G").ToJson().ContainsKey("ramSize"), "no ram_size unless given");
+            var budget = Status.FromJson(Json.ParseObject("{\"version\":\"1\",\"budget\":{\"vramBytes\":\"0\",\"ramBytes\":\"536870912\"}}")).Budget;
+            Check.Equal(536870912UL, budget.RamBytes, "Budget.ram_bytes, the RAM budget in force");
             return Task.FromResult(0);
         }
 
