@@ -140,19 +140,29 @@ def test_no_game_to_watch_is_not_an_error() -> None:
     assert load is not None and not load.watching_game and load.game_busy_threads == 0
 
 
-def test_the_idle_class_only_where_the_game_fills_every_core_or_its_frames_run_late() -> None:
+def test_the_idle_class_only_where_the_game_fills_every_core_or_its_frames_run_late_for_a_while() -> None:
     one = on_load(GuardState(), GameLoad(game_busy_threads=1, watching_game=True), 0.0, S, cores=2)
     assert one.limits.low_priority and not one.limits.idle_class  # a core left: nice 19 only
-    both = on_load(one, GameLoad(game_busy_threads=2, watching_game=True), 0.5, S, cores=2)
-    assert both.limits.idle_class and "idle scheduling class" in both.reason
-    # It cannot be left without privilege: kept when the game goes back to one thread.
-    back = on_load(both, GameLoad(game_busy_threads=1, watching_game=True), 1.0, S, cores=2)
+    two = GameLoad(game_busy_threads=2, watching_game=True)
+    brief = on_load(one, two, 0.5, S, cores=2)
+    assert not brief.limits.idle_class  # it cannot be left: a moment of it is no reason
+    lasting = on_load(on_load(brief, two, 3.0, S, cores=2), two, 0.5 + S.idle_after_s, S, cores=2)
+    assert lasting.limits.idle_class and "idle scheduling class" in lasting.reason
+    # Kept when the game goes back to one thread.
+    back = on_load(lasting, GameLoad(game_busy_threads=1, watching_game=True), 6.0, S, cores=2)
     assert back.limits.idle_class and "taken earlier" in back.reason
-    late = on_report(GuardState(), BAD, 0.0, S, cores=8)  # reports alone: the ladder's first step
-    assert late.level == 1 and late.limits.idle_class
+    # A blip of both cores, then one again, then both: the clock starts again.
+    blip = on_load(on_load(on_load(one, two, 1.0, S, cores=2), GameLoad(game_busy_threads=1, watching_game=True), 2.0,
+                           S, cores=2), two, 5.5, S, cores=2)
+    assert not blip.limits.idle_class
+    # Frames late for a while (the ladder past its first step) on a machine with cores to spare.
+    state, now = GuardState(), 0.0
+    for _ in range(6):
+        state, now = on_report(state, BAD, now, S, cores=8), now + 2.0
+    assert state.level >= 2 and state.limits.idle_class
     assert not on_report(GuardState(), CLEAN, 0.0, S, cores=8).limits.idle_class
     low, idle = GuardSettings(priority="low"), GuardSettings(priority="idle")
-    assert not on_load(GuardState(), GameLoad(game_busy_threads=2, watching_game=True), 0.0, low, cores=2).limits.idle_class
+    assert not on_load(on_load(GuardState(), two, 0.0, low, cores=2), two, 9.0, low, cores=2).limits.idle_class
     assert on_load(GuardState(), GameLoad(), 0.0, idle, cores=2).limits.idle_class
 
 
@@ -178,3 +188,14 @@ def test_each_priority_strength_lowers_every_thread(strength: str) -> None:
     out = subprocess.run([sys.executable, "-c", LOWER, strength], capture_output=True, text=True, timeout=60, check=True)
     policy = os.SCHED_IDLE if strength == "idle" else os.SCHED_OTHER
     assert json.loads(out.stdout) == [[19, policy]], out.stdout  # every thread, the worker started before too
+
+
+def test_a_reporting_game_that_is_not_watched_is_not_also_counted_among_the_others() -> None:
+    # Unwatched, the game's own half core shows up as the machine's other load: with its main
+    # thread inferred from its reports, that is one core taken, not two.
+    for watching in (False, True):  # True: the daemon's parent is a launcher, idle, not the game
+        load = GameLoad(other_busy_cores=0.6, watching_game=watching)
+        state = on_load(on_report(GuardState(), CLEAN, 0.0, S, cores=2), load, 0.5, S, cores=2)
+        assert state.limits.max_threads == 1 and not state.limits.idle_class, state.reason
+    busy = on_load(on_report(GuardState(), CLEAN, 0.0, S, cores=2), GameLoad(other_busy_cores=1.6), 0.5, S, cores=2)
+    assert busy.limits.max_threads == 1 and "other processes keep 1.1 cores busy" in busy.reason

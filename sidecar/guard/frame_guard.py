@@ -43,6 +43,9 @@ class GuardSettings:
     # How far below the game the daemon's threads go (priority.py): "auto" (nice 19, and the idle
     # scheduling class once the game fills every core or its frames run late), "idle" or "low".
     priority: str = "auto"
+    # The idle class cannot be left, so "auto" takes it only when the need lasts this long (a start,
+    # a scene load or one bad window is no reason to keep it for the daemon's whole life).
+    idle_after_s: float = 5.0
 
 
 @dataclass(frozen=True)
@@ -94,6 +97,7 @@ class GuardState:
     last_report_s: float = -math.inf
     last_step_s: float = -math.inf
     clean_since_s: float | None = None
+    fills_since_s: float | None = None  # since when the game fills every core or its frames run late
     changes: int = 0
     reports: int = 0
 
@@ -136,13 +140,19 @@ def decide(state: GuardState, now_s: float, settings: GuardSettings, cores: int)
     load = state.load
     reporting = now_s - state.last_report_s <= settings.report_stale_s
     level = state.level if reporting else 0
-    others = round(load.other_busy_cores) if load.other_busy_cores >= 0.5 else 0
+    other_cores = load.other_busy_cores
     game_threads = load.game_busy_threads
     if reporting and state.last_window is not None and not game_threads:
         # A game that reports frames with real work in them has at least its main thread busy, even
         # where its process is not the one we watch (launched by a launcher, or by hand).
         w = state.last_window
-        game_threads = 1 if w.p50_ms >= settings.busy_thread_share * budget_ms(settings, w) else 0
+        share = w.p50_ms / budget_ms(settings, w)
+        game_threads = 1 if share >= settings.busy_thread_share else 0
+        if game_threads:
+            # The watched process (if any) shows no busy thread, so the reporting game is another
+            # process, counted among the machine's others: not counted twice.
+            other_cores = max(0.0, other_cores - min(share, 1.0))
+    others = round(other_cores) if other_cores >= 0.5 else 0
     taken = game_threads + others
     threads = max(1, cores - taken) if taken else 0
     why = []
@@ -151,7 +161,7 @@ def decide(state: GuardState, now_s: float, settings: GuardSettings, cores: int)
     elif game_threads:
         why.append("the game reports frames with work in them: one core for its main thread")
     if others:
-        why.append(f"other processes keep {load.other_busy_cores:.1f} cores busy")
+        why.append(f"other processes keep {other_cores:.1f} cores busy")
     if level >= 1:
         threads = max(1, (threads or cores) - 1)
     tokens = settings.short_pass_tokens if level >= 2 else 0
@@ -166,8 +176,10 @@ def decide(state: GuardState, now_s: float, settings: GuardSettings, cores: int)
     # threads as free, and wakes the game's thread there, off its warm cache), where beside a game
     # on every core it cut late frames from 8-10% to 1.3-1.4%. It cannot be left without
     # privilege, so once taken it is kept.
-    fills = taken >= cores or level >= 1
-    idle = settings.priority == "idle" or (settings.priority == "auto" and fills) or state.limits.idle_class
+    fills = taken >= cores or level >= 2
+    fills_since = (state.fills_since_s if state.fills_since_s is not None else now_s) if fills else None
+    lasting = fills_since is not None and now_s - fills_since >= settings.idle_after_s
+    idle = settings.priority == "idle" or (settings.priority == "auto" and lasting) or state.limits.idle_class
     if idle and settings.priority == "auto":
         why.append("in the idle scheduling class" + ("" if fills else " (taken earlier: kept)"))
     limits = PassLimits(max_threads=threads, max_pass_tokens=tokens, pause_ratio=pause, low_priority=True,
@@ -176,4 +188,4 @@ def decide(state: GuardState, now_s: float, settings: GuardSettings, cores: int)
               else "machine load" if others else "nothing seen")
     reason = "; ".join(why) if why else "the game leaves the cores free: below its priority only"
     changes = state.changes + (limits != state.limits)
-    return replace(state, limits=limits, source=source, reason=reason, changes=changes)
+    return replace(state, limits=limits, source=source, reason=reason, changes=changes, fills_since_s=fills_since)
