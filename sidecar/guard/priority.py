@@ -57,7 +57,9 @@ class LowPriority:
                 else:
                     process.nice(max(NICE, process.nice()))
             self.applied = True
-            self.idle_applied = self.idle_applied or idle_class
+            # Elsewhere (macOS) there is no idle class for a process: nice 19 is all it got.
+            has_idle_class = sys.platform.startswith("linux") or sys.platform == "win32"
+            self.idle_applied = self.idle_applied or (idle_class and has_idle_class)
         except (OSError, psutil.Error) as e:
             if not self._failed:  # once: a sandbox that forbids it should not fill the log
                 log.warning("could not lower the daemon's priority", error=str(e))

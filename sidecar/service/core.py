@@ -236,9 +236,13 @@ class SidecarService:
         # Before the model is loaded there is no control yet; remote mode's holds no RAM budget.
         return getattr(self.budget_control, "ram_bytes", self.info.ram_budget_bytes)
 
+    @property
+    def _auto_reserve_bytes(self) -> int | None:
+        # None before the model is loaded, in remote mode, and while the VRAM budget is fixed.
+        return getattr(self.budget_control, "auto_reserve_bytes", None)
+
     def _budget_pb(self, budget: Budget) -> pb.Budget:
-        return convert.budget_to_pb(budget, ram_bytes=self.ram_budget_bytes,
-                                    auto_reserve_bytes=getattr(self.budget_control, "auto_reserve_bytes", None))
+        return convert.budget_to_pb(budget, ram_bytes=self.ram_budget_bytes, auto_reserve_bytes=self._auto_reserve_bytes)
 
     def _refuse_while_draining(self) -> None:
         if self.draining:
@@ -277,7 +281,7 @@ class SidecarService:
             max_image_bytes=self.info.max_image_bytes,
             ram_budget_bytes=self.ram_budget_bytes,
             vision_reserved_bytes=self.info.vision_reserved_bytes if self.ram_budget_bytes else 0,
-            auto_reserve_bytes=getattr(self.budget_control, "auto_reserve_bytes", None),
+            auto_reserve_bytes=self._auto_reserve_bytes,
         )
         if self.state.current.profile is not None:
             status.profile.CopyFrom(profile_to_pb(self.state.current.profile))

@@ -267,10 +267,16 @@ def test_the_readme_npc_example_compiles(build: Build, tmp_path: Path) -> None:
              f"-r:{build.components}", f"-out:{tmp_path / 'Example.dll'}", str(source))
 
 
+def _readme_example(calling: str) -> str:
+    """The one C# block of clients/unity/README.md that mentions `calling`."""
+    blocks = [b.split("```", 1)[0] for b in (UNITY / "README.md").read_text().split("```csharp\n")[1:]]
+    [example] = [b for b in blocks if calling in b]
+    return example
+
+
 def test_the_readme_tool_call_example_compiles(build: Build, tmp_path: Path) -> None:
     """The NPC-action example in clients/unity/README.md (the C# block that calls ChooseActionAsync)."""
-    readme = (UNITY / "README.md").read_text()
-    [example] = [b.split("```", 1)[0] for b in readme.split("```csharp\n")[1:] if "ChooseActionAsync" in b.split("```", 1)[0]]
+    example = _readme_example("ChooseActionAsync")
     source = tmp_path / "Guard.cs"
     source.write_text("using System.Collections.Generic;\nusing System.Threading.Tasks;\nusing UnityEngine;\nusing Xlm.Sidecar;\n"
                       "class Guard {\n static bool PlayChase(string tool, string target) { return true; }\n"
@@ -281,8 +287,7 @@ def test_the_readme_tool_call_example_compiles(build: Build, tmp_path: Path) -> 
 
 def test_the_readme_token_controls_example_compiles(build: Build, tmp_path: Path) -> None:
     """The token-controls example in clients/unity/README.md (the C# block that calls CandidatesAsync)."""
-    readme = (UNITY / "README.md").read_text()
-    [example] = [b.split("```", 1)[0] for b in readme.split("```csharp\n")[1:] if "CandidatesAsync" in b.split("```", 1)[0]]
+    example = _readme_example("CandidatesAsync")
     source = tmp_path / "Choices.cs"
     source.write_text("using System;\nusing System.Collections.Generic;\nusing System.Threading.Tasks;\nusing UnityEngine;\n"
                       "using Xlm.Sidecar;\nclass Choices {\n static async Task Ask(SidecarClient client, NpcConversation brom, int picked) {\n"
@@ -293,8 +298,7 @@ def test_the_readme_token_controls_example_compiles(build: Build, tmp_path: Path
 
 def test_the_readme_frame_report_example_compiles(build: Build, tmp_path: Path) -> None:
     """The frame-report example in clients/unity/README.md (the C# block that calls ReportFramesAsync)."""
-    readme = (UNITY / "README.md").read_text()
-    [example] = [b.split("```", 1)[0] for b in readme.split("```csharp\n")[1:] if "ReportFramesAsync" in b.split("```", 1)[0]]
+    example = _readme_example("ReportFramesAsync")
     source = tmp_path / "Frames.cs"
     source.write_text("using System.Threading.Tasks;\nusing UnityEngine;\nusing Xlm.Sidecar;\nusing Xlm.Sidecar.Unity;\n"
                       "class Frames {\n static async Task Report(SidecarLauncher launcher, SidecarClient client, double cpuFrameMs,"
