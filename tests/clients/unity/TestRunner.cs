@@ -177,4 +177,39 @@ namespace Xlm.Sidecar.Tests
         public static string WebSocketAddress { get { return Get("XLM_TEST_WS"); } }
         public static string Token { get { return Get("XLM_TEST_TOKEN"); } }
     }
+
+    /// <summary>
+    /// A reply that runs to MaxTokens by mechanism, not by prediction: the tiny random llama may end
+    /// any reply at any token, and where differs by CPU (kernels round otherwise) and by seed, so a
+    /// test that needs the whole length (a count, FinishReason.Length, a stream still running when it
+    /// is cancelled) bans the model's end-of-generation tokens. The ids are the served model's own,
+    /// found the way tests/no_early_stop.py finds them: the end texts that tokenize, control tokens
+    /// parsed, to a single token.
+    /// </summary>
+    public static class NoEarlyEnd
+    {
+        static readonly string[] EndTexts = { "<|im_end|>", "<|endoftext|>", "<reponame>" };
+
+        public static async Task<int[]> Ids(SidecarClient client)
+        {
+            var ids = new List<int>();
+            foreach (var text in EndTexts)
+            {
+                var tokens = await client.TokenizeAsync(text, parseSpecial: true);
+                if (tokens.Length == 1 && !ids.Contains(tokens[0]))
+                    ids.Add(tokens[0]);
+            }
+            Check.True(ids.Count > 0, "the served model has an end-of-generation token to ban");
+            return ids.ToArray();
+        }
+
+        /// <summary>`sampling` (greedy when null) with every end-of-generation token banned.</summary>
+        public static async Task<SamplingParams> Ban(SidecarClient client, SamplingParams sampling = null)
+        {
+            sampling = sampling ?? new SamplingParams { Temperature = 0 };
+            foreach (var id in await Ids(client))
+                sampling.Ban(id);
+            return sampling;
+        }
+    }
 }

@@ -43,6 +43,9 @@ namespace Xlm.Sidecar.Unity
         public string SystemPrompt { get { return systemPrompt; } set { systemPrompt = value; } }
         public int MaxTokens { get { return maxTokens; } set { maxTokens = value; } }
         public float Temperature { get { return temperature; } set { temperature = value; } }
+        /// <summary>Token id to a bias from -100 (never said) to 100, for every reply: a word this NPC
+        /// must never say, or one it favours (SidecarClient.TokenizeAsync finds the ids). Null: none.</summary>
+        public Dictionary<int, float> LogitBias { get; set; }
         public UnityEvent<string> OnTextChanged { get { return onTextChanged; } }
         public UnityEvent<string> OnReplyFinished { get { return onReplyFinished; } }
 
@@ -171,7 +174,11 @@ namespace Xlm.Sidecar.Unity
                 conversation = new NpcConversation(client, NpcId, systemPrompt);
             conversation.SystemPrompt = systemPrompt;
             conversation.MaxTokens = (uint)Math.Max(1, maxTokens);
-            conversation.Sampling = new SamplingParams { Temperature = temperature };
+            conversation.Sampling = new SamplingParams
+            {
+                Temperature = temperature,
+                LogitBias = LogitBias == null ? null : new Dictionary<int, float>(LogitBias),
+            };
             return conversation;
         }
 

@@ -47,6 +47,7 @@ namespace Xlm.Sidecar.Tests
                 n.MaxTokens = 12;
                 n.Temperature = 0;
             });
+            npc.LogitBias = (await NoEarlyEnd.Ban(await launcher.WhenReady)).LogitBias;
             var shown = new List<string>();
             string finished = null;
             npc.OnTextChanged.AddListener(t => shown.Add(t));
@@ -75,11 +76,12 @@ namespace Xlm.Sidecar.Tests
             {
                 n.Launcher = launcher;
                 n.NpcId = "guard-" + Guid.NewGuid().ToString("N");
-                // Greedy on the tiny llama, this system prompt and line run to max tokens (checked).
                 n.SystemPrompt = "You are Brom.";
                 n.MaxTokens = 2000;
                 n.Temperature = 0;
             });
+            // Run to max tokens whatever the machine, so the reply is surely running when it is cancelled.
+            npc.LogitBias = (await NoEarlyEnd.Ban(await launcher.WhenReady)).LogitBias;
             var pieces = 0;
             npc.PieceReceived += piece => { if (++pieces == 1) npc.Cancel(); };
             await Check.Throws<OperationCanceledException>(() => npc.SayAsync("Tell me a story"), "Cancel() during the reply");

@@ -43,7 +43,7 @@ namespace Xlm.Sidecar.Tests
                 Check.Equal(EnginePhase.Ready, status.Phase, "phase");
                 Check.True(status.Model.Path.EndsWith("tiny_llama.gguf"), "the model asked for: " + status.Model.Path);
                 Check.True(status.ListenAddresses.Contains(daemon.WebSocketAddress), "the daemon lists the bridge");
-                var reply = await daemon.Client.GenerateAsync(new GenerateRequest { Prompt = "hi", MaxTokens = 3 });
+                var reply = await daemon.Client.GenerateAsync(new GenerateRequest { Prompt = "hi", MaxTokens = 3, Sampling = await NoEarlyEnd.Ban(daemon.Client) });
                 Check.Equal(3u, reply.Usage.CompletionTokens, "a reply from the launched daemon");
                 // The token travelled in the environment and is required.
                 using (var stranger = new SidecarClient(daemon.WebSocketAddress, "a-token-from-another-launch"))

@@ -102,7 +102,7 @@ namespace Xlm.Sidecar.Tests
             {
                 var indexes = new HashSet<int>();
                 var offMainThread = 0;
-                var sampling = new SamplingParams { Temperature = 1, Seed = 3 };
+                var sampling = await NoEarlyEnd.Ban(client, new SamplingParams { Temperature = 1, Seed = 3 });
                 var replies = await client.CandidatesAsync(Ask("What do you sell?", 6, sampling), 3, chunk =>
                 {
                     indexes.Add(chunk.Index);
@@ -136,7 +136,7 @@ namespace Xlm.Sidecar.Tests
         {
             using (var client = Env.Client(Env.Token))
             {
-                var request = Ask("What do you sell?", 8, Greedy());
+                var request = Ask("What do you sell?", 8, await NoEarlyEnd.Ban(client, Greedy()));
                 request.Logprobs = 2;
                 var chunksAgree = true;
                 var result = await client.GenerateAsync(request, chunk =>
@@ -175,9 +175,9 @@ namespace Xlm.Sidecar.Tests
         {
             using (var client = Env.Client(Env.Token))
             {
-                var plain = await client.GenerateAsync(Ask("What do you sell?", 4, Greedy()));
+                var plain = await client.GenerateAsync(Ask("What do you sell?", 4, await NoEarlyEnd.Ban(client, Greedy())));
                 var first = plain.TokenIds[0];
-                var banned = await client.GenerateAsync(Ask("What do you sell?", 4, Greedy().Ban(first)));
+                var banned = await client.GenerateAsync(Ask("What do you sell?", 4, (await NoEarlyEnd.Ban(client, Greedy())).Ban(first)));
                 Check.True(banned.Tokens > 0 && !banned.TokenIds.Contains(first), "a banned token (" + first + ") stays out");
 
                 var tokens = await client.TokenizeAsync("x");
