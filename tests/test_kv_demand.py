@@ -14,6 +14,7 @@ from sidecar.backend.requests import Finished, TextDelta
 from sidecar.engine import Engine, EngineConfig, GenerationSpec, Prompt, SamplingConfig
 from sidecar.engine import kv_demand
 from sidecar.engine.kv_demand import grown_count, shrunk_count
+from no_early_stop import engine_bias, engine_eog_ids
 
 GREEDY = SamplingConfig(temperature=0.0, repeat_penalty=1.0)
 
@@ -156,3 +157,48 @@ def test_a_restored_sequence_continues_in_a_bigger_context(smollm2_path) -> None
         big.close()
     finally:
         model.close()
+
+
+def test_passes_beside_a_growth_are_not_taken_for_a_busy_cpu(smollm2_path, monkeypatch) -> None:
+    """The context a growth makes beside the loop holds a core while it is allocated and cleared;
+    the passes slowed meanwhile must not reach the thread governor (it lowered the cap for hundreds
+    of passes after each growth). The allocation is slowed here so that passes surely run beside it."""
+    made = kv_demand.context_for
+
+    def slow_context_for(*args, **kwargs):
+        time.sleep(1.0)
+        return made(*args, **kwargs)
+
+    monkeypatch.setattr(kv_demand, "context_for", slow_context_for)
+    engine = Engine(EngineConfig(model_path=smollm2_path, n_ctx=512, n_seq=4, n_seq_start=1, threads_decode=2,
+                                 threads_prefill=2, adaptive_threads=True, grow_beside=True))
+    seen: list[bool] = []  # per pass: was a growth under way?
+    recorded: list[bool] = []
+    execute, record = engine._execute, engine._governor.record
+
+    def spy_execute(plan):
+        seen.append(engine.pool.growing)
+        return execute(plan)
+
+    def spy_record(*args, **kwargs):
+        recorded.append(engine.pool.growing)
+        return record(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "_execute", spy_execute)
+    monkeypatch.setattr(engine._governor, "record", spy_record)
+    try:
+        long = SamplingConfig(temperature=0.0, repeat_penalty=1.0, logit_bias=engine_bias(engine_eog_ids(engine)))
+        first = submit(engine, GenerationSpec(prompt=Prompt(text="Once upon a time"), sampling=long, max_tokens=160))
+        deadline = time.monotonic() + 60
+        while not first[0] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert first[0], "the first stream never started"
+        later = [submit(engine, GenerationSpec(prompt=Prompt(text=f"Story {i}:"), sampling=GREEDY, max_tokens=4))
+                 for i in range(2)]
+        finished([first, *later])
+        assert engine.pool.resizes >= 1
+        assert any(seen), "no pass ran beside the growth: the test did not test it"
+        assert not any(recorded), "passes beside a growth were fed to the thread governor"
+        assert len(recorded) == seen.count(False) > 0
+    finally:
+        engine.close()

@@ -422,7 +422,11 @@ class Engine(Admitting, KvResizing, Reloading):
         t0 = time.perf_counter()
         self._ctx.decode(list(plan.entries))
         elapsed = time.perf_counter() - t0
-        self._governor.record(self.config, plan.n_tokens, planned, used, elapsed * 1000.0)
+        if not self.pool.growing:
+            # A bigger KV being made beside the loop (kv_demand.py) holds a core for a second or
+            # so: passes slowed by the daemon's own work are no sign of a busy PC, and the cap
+            # they lowered stayed lowered for hundreds of passes (a village's first wave 1.7x slower).
+            self._governor.record(self.config, plan.n_tokens, planned, used, elapsed * 1000.0)
         self.pass_limiter.pause_after(elapsed)
         return elapsed
 
