@@ -50,6 +50,15 @@ def submit(engine: Engine, spec: GenerationSpec):
     return deltas, result, done
 
 
+def wait_started(pending, timeout_s: float = 60) -> None:
+    """Until the stream `submit` returned has its first text."""
+    deltas = pending[0]
+    deadline = time.monotonic() + timeout_s
+    while not deltas and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert deltas, "the first stream never started"
+
+
 def finished(pending) -> list[tuple[list[TextDelta], Finished]]:
     out = []
     for deltas, result, done in pending:
@@ -92,10 +101,7 @@ def test_streams_in_flight_go_on_through_a_resize(smollm2_path, beside: bool) ->
     try:
         first = submit(engine, GenerationSpec(prompt=Prompt(messages=(("user", "Count to forty."),)), sampling=GREEDY,
                                               max_tokens=48))
-        deadline = time.monotonic() + 60
-        while not first[0] and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert first[0], "the first stream never started"
+        wait_started(first)
         later = [submit(engine, GenerationSpec(prompt=Prompt(text=f"Story {i}:"), sampling=GREEDY, max_tokens=8))
                  for i in range(3)]
         results = finished([first, *later])
@@ -189,10 +195,7 @@ def test_passes_beside_a_growth_are_not_taken_for_a_busy_cpu(smollm2_path, monke
     try:
         long = SamplingConfig(temperature=0.0, repeat_penalty=1.0, logit_bias=engine_bias(engine_eog_ids(engine)))
         first = submit(engine, GenerationSpec(prompt=Prompt(text="Once upon a time"), sampling=long, max_tokens=160))
-        deadline = time.monotonic() + 60
-        while not first[0] and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert first[0], "the first stream never started"
+        wait_started(first)
         later = [submit(engine, GenerationSpec(prompt=Prompt(text=f"Story {i}:"), sampling=GREEDY, max_tokens=4))
                  for i in range(2)]
         finished([first, *later])
