@@ -376,6 +376,10 @@ def main(argv: list[str] | None = None) -> int:
         from sidecar.vision.encode_worker import main as vision_worker
 
         return vision_worker()
+    if argv[:1] == ["_grammar-probe"]:  # the daemon's own grammar checker process (frozen builds)
+        from sidecar.native.grammar_probe import main as grammar_probe
+
+        return grammar_probe()
     if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version")):
         argv.insert(0, "serve")  # `xlm-sidecar --budget 3G`
     args = build_parser().parse_args(argv)

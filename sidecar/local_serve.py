@@ -113,6 +113,7 @@ async def serve_local(settings: Settings, lifecycle: DaemonLifecycle, ready: asy
             await refresh.stop()
         if engine is not None:
             await asyncio.to_thread(engine.close)
+        await asyncio.to_thread(service.grammar_checks.close)
         log.info("stopped")
 
 

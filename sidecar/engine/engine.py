@@ -489,7 +489,11 @@ class Engine(Admitting, KvResizing, Reloading):
         a = slot.active
         if a.prefill_done_at is None:
             a.prefill_done_at = now
-        token = a.sampler.sample(self._ctx.ptr, index)
+        try:
+            token = a.sampler.sample(self._ctx.ptr, index)
+        except SidecarError as e:  # a grammar that left no token, or cost too much: this request only
+            self._fail(slot, e)
+            return
         if a.first_token_at is None:
             a.first_token_at = time.perf_counter()
         if self.model.is_end_of_generation(token):
@@ -514,6 +518,17 @@ class Engine(Admitting, KvResizing, Reloading):
         if chunk.text or chunk.token_ids:
             a.reply.append(chunk.text)
             a.job.sink(TextDelta(chunk.text, tuple(chunk.token_ids), take(a.pending_logprobs, len(chunk.token_ids))))
+
+    def _fail(self, slot: Slot, error: SidecarError) -> None:
+        """End one request with an error after a pass that went well: its sequence's cache holds
+        what it was fed, and the other sequences go on."""
+        a = slot.active
+        slot.active = None
+        slot.last_used = time.perf_counter()
+        self.sharing.abandon(a)
+        a.sampler.close()
+        self.stats.record_request()
+        a.job.sink(error)
 
     def _finish(self, slot: Slot, reason: FinishReason) -> None:
         a = slot.active

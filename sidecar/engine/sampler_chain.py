@@ -4,16 +4,23 @@ from __future__ import annotations
 
 import math
 import secrets
+import time
 
 import llama_cpp
 
 from sidecar.backend.sampling import BAN, SamplingConfig
-from sidecar.errors import InvalidArgument
+from sidecar.errors import InvalidArgument, ResourceExhausted
+from sidecar.native.token_candidates import TokenCandidates
 
 
 # Candidates the repetition penalty considers when the request disables top-k: the penalty only
 # lowers logits, so tokens far below the top cannot win because of it.
 PENALTY_TOP_K = 64
+# CPU time one token's grammar work (apply and accept) may take before the request is ended: the
+# pass waits for it, so every other NPC's next token waits too. A tool call's JSON grammar costs up
+# to about 20 ms a token on a 50k vocabulary (2-core Xeon); the checker (grammar_probe.py) refuses
+# a grammar past 100 ms on its first tokens, and one that grows costlier later is stopped here.
+GRAMMAR_TOKEN_LIMIT_MS = 150.0
 
 
 def logit_bias_sampler(n_vocab: int, biases: tuple[tuple[int, float], ...]) -> object:
@@ -33,6 +40,9 @@ class SamplerChain:
 
     def __init__(self, vocab: object, n_vocab: int, config: SamplingConfig, grammar: str | None = None) -> None:
         self.ptr = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+        # Grammar requests sample step by step (token_candidates.py): a grammar can leave no token.
+        self._candidates = TokenCandidates(n_vocab) if grammar is not None else None
+        self.generated = 0
         try:
             self._build(vocab, n_vocab, config, grammar)
         except BaseException:
@@ -85,8 +95,27 @@ class SamplerChain:
         self._add(llama_cpp.llama_sampler_init_dist(seed), "distribution")
 
     def sample(self, ctx: object, index: int = -1) -> int:
-        """Choose the next token from the logits at `index` of the last decode, and record it."""
-        return int(llama_cpp.llama_sampler_sample(self.ptr, ctx, index))
+        """Choose the next token from the logits at `index` of the last decode, and record it.
+        With a grammar: InvalidArgument when it (with the banned tokens) leaves no token, and
+        ResourceExhausted when its work on one token passes GRAMMAR_TOKEN_LIMIT_MS."""
+        if self._candidates is None:
+            return int(llama_cpp.llama_sampler_sample(self.ptr, ctx, index))
+        candidates = self._candidates
+        candidates.fill_from_logits(ctx, index)
+        started = time.thread_time()
+        candidates.apply(self.ptr)
+        token = candidates.selected_token()
+        if token is None:
+            raise InvalidArgument(f"the grammar, with the request's logit_bias, leaves no token this model can write "
+                                  f"after {self.generated} tokens of the reply")
+        llama_cpp.llama_sampler_accept(self.ptr, token)
+        spent_ms = (time.thread_time() - started) * 1000.0
+        if spent_ms > GRAMMAR_TOKEN_LIMIT_MS:
+            raise ResourceExhausted(f"the grammar's work on one token took {spent_ms:.0f} ms of CPU, more than its "
+                                    f"share ({GRAMMAR_TOKEN_LIMIT_MS:.0f} ms, which every other conversation waits "
+                                    f"for): simplify the grammar or schema (nested repetitions multiply its work)")
+        self.generated += 1
+        return token
 
     def close(self) -> None:
         if self.ptr:

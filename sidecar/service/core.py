@@ -18,12 +18,14 @@ from sidecar.api import pb
 from sidecar.budget import Budget, parse_size
 from sidecar.backend.contract import Backend, RequestLimits
 from sidecar.backend.requests import NO_VISION_MODEL, Finished, GenerationSpec, TextDelta
+from sidecar.backend.sampling import BAN
 from sidecar.guard.frame_guard import GuardSettings
 from sidecar.guard.guard_task import FrameGuard
 from sidecar.errors import FailedPrecondition, ResourceExhausted, ShuttingDown, SidecarError, Unimplemented
 from sidecar.service import candidates, convert, token_controls, tool_calls
 from sidecar.service.budget_control import BudgetControl, check_thread_cap
 from sidecar.service.collector import StreamCollector
+from sidecar.service.grammar_checks import GrammarChecks
 from sidecar.service.request_checks import check_session_id
 from sidecar.service.readiness import not_ready, profile_to_pb, starting_status
 from sidecar.service.state import DaemonState, StateHub
@@ -61,6 +63,7 @@ class SidecarService:
         self.draining = False
         # Replaced by the daemon's own once it serves a model here (local_serve.py); until then, and
         # in remote mode, reports are checked and answered, and nothing is applied.
+        self.grammar_checks = GrammarChecks()
         self.frame_guard = FrameGuard(GuardSettings(), enabled=False, game_pid=None, apply=lambda limits: None)
         self._process = psutil.Process()
         # Backend jobs of the streams in flight, so a shutdown can end each with a final chunk.
@@ -144,7 +147,17 @@ class SidecarService:
             raise ResourceExhausted(f"the request is {size} bytes; the limit is {self.info.max_message_bytes} (--max-message-bytes)")
         # In a worker thread: a JSON schema's grammar, a long prompt's checks or a large PNG's
         # decoding must not hold up the event loop, which streams every other conversation.
-        return await asyncio.to_thread(convert.turn_spec, request, limits, image, self.info.max_image_bytes, resends_history)
+        spec = await asyncio.to_thread(convert.turn_spec, request, limits, image, self.info.max_image_bytes, resends_history)
+        await self._check_grammar(spec, limits)
+        return spec
+
+    async def _check_grammar(self, spec: GenerationSpec, limits: RequestLimits) -> None:
+        """A grammar runs on the engine thread only once tried in the checker's process
+        (grammar_checks.py): INVALID_ARGUMENT for one no token can start, or too costly to run."""
+        if spec.grammar is None or not limits.compiles_grammar:
+            return
+        banned = tuple(token for token, bias in spec.sampling.logit_bias if bias <= BAN)
+        await asyncio.to_thread(self.grammar_checks.check, self.backend.config.model_path, spec.grammar, banned)
 
     async def ask_image(self, request: pb.AskImageRequest) -> AsyncIterator[pb.GenerateChunk]:
         """Answer a question about a screenshot (or, in a session, about its last one)."""
@@ -152,6 +165,7 @@ class SidecarService:
             raise FailedPrecondition(NO_VISION_MODEL)
         # Decoding a large PNG takes tens of milliseconds: keep it off the event loop.
         spec = await asyncio.to_thread(convert.image_spec_from_pb, request, self.info.max_image_bytes)
+        await self._check_grammar(spec, self.limits)
         async for chunk in self._stream(spec):
             yield chunk
 
@@ -199,16 +213,21 @@ class SidecarService:
         control = self.budget_control
         threads = check_thread_cap(request.max_cpu_threads) if request.HasField("max_cpu_threads") else None
         which = request.WhichOneof("vram")
+        vram = None
         if which == "vram_size":
             vram = parse_size(request.vram_size)  # INVALID_ARGUMENT before anything else
+        elif which == "vram_bytes":
+            vram = Budget(vram_bytes=request.vram_bytes).vram_bytes  # out of range: the same
         ram = parse_size(request.ram_size) if request.HasField("ram_size") else None
         backend = self.ready_backend()
         if control is None:
             raise Unimplemented("this daemon was started without budget control")
+        # All or nothing: whatever would refuse one part (a RAM budget too small for the model,
+        # automatic VRAM without a GPU) refuses the call before any part is applied.
+        control.check(ram_bytes=ram, auto_vram=which == "auto_reserve_bytes")
         # Shielded: a game that asked for its VRAM back and then dropped the call (a scene load
         # with a deadline) still gets it back, and the budget we report stays the one in force.
-        # The RAM budget goes first: a budget too small for the model is refused before the VRAM
-        # part changes anything, and a VRAM re-plan then carries the new RAM shares.
+        # The RAM budget goes first, so a VRAM re-plan carries the new RAM shares.
         reloaded, pause_ms = False, 0.0
         if ram is not None:
             change = await asyncio.shield(control.set_ram(ram))
@@ -217,7 +236,7 @@ class SidecarService:
             if which == "auto_reserve_bytes":
                 update = control.follow_free_vram(request.auto_reserve_bytes, threads)
             elif which in ("vram_size", "vram_bytes"):
-                update = control.set(vram if which == "vram_size" else request.vram_bytes, threads)
+                update = control.set(vram, threads)
             else:  # only the thread cap changes
                 update = control.set(control.budget.vram_bytes, threads)
             change = await asyncio.shield(update)
