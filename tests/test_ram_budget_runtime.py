@@ -30,6 +30,7 @@ from sidecar.crowd import PROCESS_BYTES, SAVED_SESSIONS_SHARE
 from sidecar.engine.kv_demand import ceiling_count
 from sidecar.engine.scheduling.slot import Slot
 from sidecar.errors import Unimplemented
+from sidecar.executor import gpu_free_bytes
 from sidecar.remote.budget import RemoteBudget
 from sidecar.service.core import ServiceInfo, SidecarService
 from sidecar.service.ram_budget import MemoryShares
@@ -193,6 +194,29 @@ def test_a_budget_too_small_for_the_model_is_refused_saying_what_it_needs(ram_da
         memory = status.memory
         assert memory.ram_budget_bytes == status.budget.ram_bytes == LAUNCH_MIB << 20
         assert memory.kv_sequences_max == sequences_for(LAUNCH_MIB)
+
+
+def test_a_call_refused_for_any_part_changes_nothing(ram_daemon) -> None:
+    # SetBudget is all or nothing: a RAM budget that fits must not come into force when the VRAM
+    # part of the same call is refused (issue 36, P6: the ceiling went from 16 to 6 regardless).
+    def unchanged() -> None:
+        status = client.status()
+        assert status.memory.ram_budget_bytes == status.budget.ram_bytes == LAUNCH_MIB << 20
+        assert status.memory.kv_sequences_max == sequences_for(LAUNCH_MIB)
+
+    with ram_daemon.client(timeout_s=120) as client:
+        set_ram(client, f"{LAUNCH_MIB}M")
+        device = client.status().memory.placement_device
+        refusals = [(pb.SetBudgetRequest(ram_size=f"{SMALL_MIB}M", vram_bytes=2**60), grpc.StatusCode.INVALID_ARGUMENT),
+                    (pb.SetBudgetRequest(ram_size=f"{SMALL_MIB}M", max_cpu_threads=5000), grpc.StatusCode.INVALID_ARGUMENT)]
+        if gpu_free_bytes(device or "CPU") is None:  # no GPU to follow: automatic VRAM is refused
+            refusals.append((pb.SetBudgetRequest(ram_size=f"{SMALL_MIB}M", auto_reserve_bytes=1 << 30),
+                             grpc.StatusCode.FAILED_PRECONDITION))
+        for request, code in refusals:
+            with pytest.raises(grpc.RpcError) as refused:
+                client.set_budget(request)
+            assert refused.value.code() == code, refused.value.details()
+            unchanged()
 
 
 def test_a_budget_that_is_not_a_size_is_refused(ram_daemon) -> None:

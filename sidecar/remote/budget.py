@@ -38,7 +38,15 @@ class RemoteBudget:
         threads = self.budget.max_cpu_threads if max_cpu_threads is None else max_cpu_threads
         return self._record(Budget(vram_bytes=self.budget.vram_bytes, max_cpu_threads=threads), "auto")
 
+    def check(self, *, ram_bytes: int | None, auto_vram: bool) -> None:
+        """What SetBudget checks before it applies any part (BudgetControl.check)."""
+        if ram_bytes is not None:
+            self._refuse_ram()
+
     async def set_ram(self, ram_bytes: int) -> BudgetChange:
+        self._refuse_ram()
+
+    def _refuse_ram(self) -> None:
         raise Unimplemented("a RAM budget applies to a model served here; in remote mode the conversations' memory "
                             "is the remote server's (size it there)")
 

@@ -37,6 +37,7 @@ PlanFn = Callable[..., EngineConfig]
 GpuFreeFn = Callable[[], int | None]
 
 AUTO_POLL_S = 2.0
+NO_GPU_FOR_AUTO = "automatic VRAM budget needs an NVIDIA GPU with NVML; this machine has none"
 # Follow free VRAM only when it moved by more than this: NVML's figure jitters, and each change
 # may cost a reload.
 AUTO_HYSTERESIS_BYTES = 128 << 20
@@ -95,6 +96,17 @@ class BudgetControl:
         """The reserve automatic mode keeps for the game; None while the VRAM budget is fixed."""
         return self._auto_reserve if self._auto_task is not None else None
 
+    def check(self, *, ram_bytes: int | None, auto_vram: bool) -> None:
+        """Raise what an update with these parts would be refused for, before any part is applied:
+        SetBudget is all or nothing, so a RAM budget must not change when the VRAM part of the
+        same call is then refused."""
+        if ram_bytes is not None:
+            if self._ram_rule is None:
+                raise Unimplemented("this daemon was started without RAM budget control")
+            self._ram_rule.shares(ram_bytes)  # InvalidArgument, saying what the model needs
+        if auto_vram and self._gpu_free() is None:
+            raise FailedPrecondition(NO_GPU_FOR_AUTO)
+
     async def set_vram_size(self, size: str, max_cpu_threads: int | None) -> BudgetChange:
         return await self.set(parse_size(size), max_cpu_threads)
 
@@ -107,7 +119,7 @@ class BudgetControl:
         """Automatic mode: the budget follows the GPU's free memory minus `reserve_bytes`."""
         free = self._gpu_free()
         if free is None:
-            raise FailedPrecondition("automatic VRAM budget needs an NVIDIA GPU with NVML; this machine has none")
+            raise FailedPrecondition(NO_GPU_FOR_AUTO)
         self._stop_auto()
         self._auto_reserve = reserve_bytes
         change = await self._apply(self._auto_target(free), max_cpu_threads, reason="auto")
