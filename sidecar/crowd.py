@@ -72,21 +72,48 @@ def parallel_for(parallel: int, model_path: Path, ctx: int) -> int:
     return auto_parallel(kv, psutil.virtual_memory().total)
 
 
+def _kv_room(ram_budget: int, model_bytes: int, prefix_cache_bytes: int, vision_bytes: int) -> int:
+    """What `ram_budget` leaves for the KV beside the weights, the process, the vision worker and
+    the two caches' shares of it (`prefix_cache_bytes`: --prefix-cache-mb, before its share)."""
+    saved = int(ram_budget * SAVED_SESSIONS_SHARE)
+    prefix = min(prefix_cache_bytes, int(ram_budget * PREFIX_SHARE))
+    return ram_budget - PROCESS_BYTES - model_bytes - prefix - saved - vision_bytes
+
+
+def smallest_ram_budget(model_bytes: int, sequence_kv_bytes: int, prefix_cache_bytes: int,
+                        vision_bytes: int = 0) -> int:
+    """The smallest budget in whole MiB that holds one conversation, by the very rule that checks
+    a budget: the caches' shares grow with the budget, so the figure is searched, not summed (a
+    refusal that named the sum at the refused budget named a figure that was refused too)."""
+    def holds(mib: int) -> bool:
+        return _kv_room(mib << 20, model_bytes, prefix_cache_bytes, vision_bytes) >= max(sequence_kv_bytes, 1)
+
+    high = 1
+    while not holds(high):
+        high *= 2
+    low = high // 2  # does not hold (or is 0); what it leaves only grows with the budget
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (low, mid) if holds(mid) else (mid, high)
+    return high << 20
+
+
 def sequences_within(ram_budget: int, model_bytes: int, sequence_kv_bytes: int, prefix_cache_bytes: int, ctx: int,
                      budget_name: str = "--ram-budget", vision_bytes: int = 0) -> int:
     """Sequences whose KV fits in `ram_budget` beside the weights, the process, the prefix cache and
-    the vision worker; InvalidArgument, saying what the model needs, when not even one does
-    (`budget_name`: the flag or field the budget came in, SetBudget's ram_size at runtime)."""
-    saved = int(ram_budget * SAVED_SESSIONS_SHARE)
-    left = ram_budget - PROCESS_BYTES - model_bytes - prefix_cache_bytes - saved - vision_bytes
-    n = left // max(sequence_kv_bytes, 1)
+    the vision worker; InvalidArgument, naming the smallest budget that holds one, when not even one
+    does (`budget_name`: the flag or field the budget came in, SetBudget's ram_size at runtime).
+    `prefix_cache_bytes` is --prefix-cache-mb: a budget caps it at its share."""
+    n = _kv_room(ram_budget, model_bytes, prefix_cache_bytes, vision_bytes) // max(sequence_kv_bytes, 1)
     if n < 1:
-        need = PROCESS_BYTES + model_bytes + prefix_cache_bytes + saved + vision_bytes + sequence_kv_bytes
+        need = smallest_ram_budget(model_bytes, sequence_kv_bytes, prefix_cache_bytes, vision_bytes)
+        prefix = min(prefix_cache_bytes, int(need * PREFIX_SHARE))
         vision = f", the vision worker encoding {vision_bytes >> 20}" if vision_bytes else ""
         raise InvalidArgument(
-            f"{budget_name} {ram_budget >> 20} MiB is below what this model needs: {need >> 20} MiB (weights "
-            f"{model_bytes >> 20}, one conversation's KV at --ctx {ctx} {sequence_kv_bytes >> 20}, prefix cache "
-            f"{prefix_cache_bytes >> 20}, evicted sessions {saved >> 20}{vision}, the process {PROCESS_BYTES >> 20}); "
+            f"{budget_name} {ram_budget >> 20} MiB is below what this model needs: {need >> 20} MiB ({budget_name} "
+            f"{need >> 20}M holds one conversation: weights {model_bytes >> 20}, its KV at --ctx {ctx} "
+            f"{sequence_kv_bytes >> 20}, prefix cache {prefix >> 20}, evicted sessions "
+            f"{int(need * SAVED_SESSIONS_SHARE) >> 20}{vision}, the process {PROCESS_BYTES >> 20}); "
             "give more, or lower --ctx")
     return int(n)
 

@@ -141,7 +141,8 @@ class Settings(BaseSettings):
         model = self.model or default_model_path()
         n = parallel_for(self.parallel, model, self.ctx)
         if self.ram_budget_bytes:
-            n = min(n, ram_ceiling(self.ram_budget_bytes, model, self.ctx, self.prefix_cache_bytes, budget_name,
+            # --prefix-cache-mb as given: the rule takes the budget's share of it itself.
+            n = min(n, ram_ceiling(self.ram_budget_bytes, model, self.ctx, self.prefix_cache_mb << 20, budget_name,
                                    self.vision_reserved_bytes))
         return n
 

@@ -5,6 +5,7 @@ launch with what the model needs."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import threading
@@ -14,6 +15,8 @@ import pytest
 
 from conftest import start_daemon, stop_daemon
 from sidecar.api import pb
+from sidecar.errors import InvalidArgument
+from sidecar.settings import Settings
 
 BUDGET_MB = 512
 
@@ -23,6 +26,26 @@ def test_a_budget_below_what_the_model_needs_is_refused_at_launch() -> None:
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert "--ram-budget 150 MiB is below what this model needs" in done.stderr and "weights" in done.stderr
+
+
+def test_the_refusal_names_a_budget_that_is_accepted() -> None:
+    # The caches' shares grow with the budget: the figure once named was the sum at the refused
+    # budget, and that figure was refused too (issue 36, P8: "needs 358 MiB", 358M and 373M refused).
+    done = subprocess.run([sys.executable, "-m", "sidecar", "serve", "--port", "0", "--ram-budget", "300M"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    need = int(re.search(r"below what this model needs: (\d+) MiB", done.stderr)[1])
+    assert f"--ram-budget {need}M holds one conversation" in done.stderr
+    assert Settings(ram_budget=f"{need}M").sequences() == 1
+    with pytest.raises(InvalidArgument, match=f"needs: {need} MiB"):
+        Settings(ram_budget=f"{need - 1}M").sequences()
+    daemon = start_daemon("--budget", "0", "--ram-budget", f"{need}M")
+    try:
+        with daemon.client(timeout_s=60) as client:
+            memory = client.status().memory
+        assert memory.ram_budget_bytes == need << 20 and memory.kv_sequences_max == 1
+    finally:
+        stop_daemon(daemon)
 
 
 def test_the_daemon_keeps_inside_its_ram_budget_through_a_crowd() -> None:
