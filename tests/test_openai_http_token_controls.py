@@ -122,6 +122,25 @@ def test_logit_bias_bans_a_token(client: openai.OpenAI, raw: httpx.Client, no_en
             client.chat.completions.create(model="x", messages=ASK, max_tokens=2, logit_bias=bias)
 
 
+@pytest.mark.parametrize("key", ["2147483648", "99999999999999999999", "1" * 5000, " 1", "1 ", "1_0", "+3", "-1",
+                                 "\uff13", "\u0661", "1.0", "0x1", ""])
+def test_a_logit_bias_key_is_ascii_digits_within_int32_or_a_400(raw: httpx.Client, key: str) -> None:
+    # int() takes " 1", "1_0", "+3" and other scripts' digits; 2147483648 passed it and broke
+    # the int32 map into a 500 with a traceback (issue 36, P9).
+    refused = raw.post("/v1/chat/completions", json={"model": "x", "messages": ASK, "max_tokens": 1,
+                                                     "logit_bias": {key: 1}})
+    assert refused.status_code == 400, refused.text
+    error = refused.json()["error"]
+    assert error["type"] == "invalid_request_error" and "logit_bias" in error["message"], error
+    assert key[:40].strip() in error["message"], error
+
+
+def test_a_logit_bias_key_with_leading_zeros_is_the_same_id(raw: httpx.Client) -> None:
+    taken = raw.post("/v1/completions", json={"model": "x", "prompt": "Hi", "max_tokens": 1,
+                                              "logit_bias": {"0000000000000001": -100}})
+    assert taken.status_code == 200, taken.text
+
+
 def test_a_gbnf_grammar_and_a_top_level_json_schema_are_honoured(client: openai.OpenAI, raw: httpx.Client) -> None:
     reply = client.chat.completions.create(model="x", messages=ASK, max_tokens=6, extra_body={"grammar": 'root ::= "Aye" | "Nay"'},
                                            **GREEDY)

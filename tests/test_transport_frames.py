@@ -67,6 +67,19 @@ def test_frames_that_cannot_be_used_say_why_and_for_which_call(data, call_id, ki
     assert type(e.value.error) is kind and str(e.value.error)
 
 
+@pytest.mark.parametrize("key", ["1_0", "+3", " 1", "-1", "\u0661", "\uff13", "2147483648", ""])
+def test_logit_bias_keys_are_held_to_what_http_takes(key: str) -> None:
+    # protobuf's JSON parser reads int32 map keys with int(): "1_0" was token 10 (issue 36, P9).
+    for spelling in ("logitBias", "logit_bias"):
+        frame = json.dumps({"id": "a", "method": "Generate", "request": {"prompt": "x", "sampling": {spelling: {key: 1}}}})
+        with pytest.raises(frames.FrameError) as e:
+            frames.parse_client_frame(frame)
+        assert e.value.call_id == "a" and type(e.value.error) is InvalidArgument
+        assert "logitBias" in str(e.value.error)
+    taken = frames.parse_client_frame('{"id": "a", "method": "Generate", "request": {"sampling": {"logitBias": {"007": 1}}}}')
+    assert dict(taken.request.sampling.logit_bias) == {7: 1.0}
+
+
 def test_server_frames_use_the_canonical_json_mapping() -> None:
     chunk = pb.GenerateChunk(text="", token_ids=[], final=pb.GenerationFinal(finish_reason=pb.FINISH_REASON_STOP))
     decoded = json.loads(frames.chunk_frame("c1", chunk))

@@ -33,6 +33,7 @@ from google.protobuf.message import Message
 
 from sidecar.errors import InvalidArgument, SidecarError, Unimplemented
 from sidecar.service.calls import CALLS, Call
+from sidecar.service.token_controls import token_id_key
 
 CallId = Union[str, int]
 MAX_ID_LENGTH = 128
@@ -126,10 +127,27 @@ def _request(call_id: CallId, call: Call, request: object) -> Message:
         # The proto nests the list ({"messages": {"messages": [...]}}: a oneof cannot hold a
         # repeated field); a plain list is what every JSON client writes first, so it is taken too.
         request = {**request, "messages": {"messages": request["messages"]}}
+    _check_token_id_keys(call_id, request)
     try:
         return json_format.ParseDict(request, call.request_type(), ignore_unknown_fields=False)
     except (json_format.ParseError, ValueError, TypeError, RecursionError) as e:
         raise FrameError(call_id, InvalidArgument(f"request is not a valid {call.request_type.DESCRIPTOR.name}: {e}")) from None
+
+
+def _check_token_id_keys(call_id: CallId, request: dict) -> None:
+    """protobuf's JSON parser reads a map's int32 keys with int(), which takes "+3", "1_0" and
+    other scripts' digits as ids: the bridge holds them to what HTTP takes (token_controls)."""
+    sampling = request.get("sampling")
+    if not isinstance(sampling, dict):
+        return
+    for name in ("logitBias", "logit_bias"):
+        biases = sampling.get(name)
+        if isinstance(biases, dict):
+            for key in biases:
+                try:
+                    token_id_key(key, "sampling.logitBias")
+                except InvalidArgument as e:
+                    raise FrameError(call_id, e) from None
 
 
 def _timeout_s(call_id: CallId, frame: dict) -> float | None:

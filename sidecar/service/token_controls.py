@@ -3,11 +3,20 @@ its own (GBNF), token log probabilities and logit biases, against what the backe
 
 from __future__ import annotations
 
+import re
+
 from sidecar.api import pb
 from sidecar.backend.contract import RequestLimits
 from sidecar.backend.requests import GenerationSpec
 from sidecar.errors import FailedPrecondition, InvalidArgument
 from sidecar.service.schema_bounds import check_grammar
+
+# A token id written as text (JSON object keys: OpenAI's logit_bias, the bridge's map keys): ASCII
+# decimal digits only. int() also takes " 1", "+3", "1_0" and other scripts' digits ("١", "３"),
+# none of which is a token id a client meant to send.
+_TOKEN_ID = re.compile(r"[0-9]+")
+# Token ids travel as int32 (the proto's map key); the vocabulary check comes once the model is known.
+MAX_TOKEN_ID = 2**31 - 1
 
 # Candidates one request may ask for: each holds a sequence while it runs.
 MAX_CANDIDATES = 16
@@ -25,6 +34,18 @@ def caller_grammar(r: pb.GenerateRequest) -> str | None:
     if not r.grammar.strip():
         raise InvalidArgument("grammar is blank")
     return check_grammar(r.grammar, "the request's grammar")
+
+
+def token_id_key(key: str, field: str = "logit_bias") -> int:
+    """The token id a JSON key names; InvalidArgument naming the key when it is not one."""
+    if not _TOKEN_ID.fullmatch(key):
+        raise InvalidArgument(f"{field} keys are token ids (decimal digits), not {key[:40]!r}: Tokenize (HTTP: POST "
+                              "/tokenize) gives a word's ids")
+    digits = key.lstrip("0") or "0"
+    token = int(digits) if len(digits) <= 10 else MAX_TOKEN_ID + 1  # int() refuses 4300 digits and more
+    if token > MAX_TOKEN_ID:
+        raise InvalidArgument(f"{field}: token id {key[:40]} is past any vocabulary (at most {MAX_TOKEN_ID})")
+    return token
 
 
 def candidates(r: pb.GenerateRequest) -> int:

@@ -29,6 +29,7 @@ from sidecar.service.openai_http.request_models import (
     NO_LIMIT,
     _Sampling,
 )
+from sidecar.service.token_controls import token_id_key
 
 _DATA_URL = re.compile(r"data:image/(png|jpeg|jpg);base64,(.*)", re.DOTALL)
 
@@ -142,15 +143,7 @@ def _session(body: _Sampling, session_id: str) -> str:
 
 
 def _logit_bias(body: _Sampling) -> dict[int, float]:
-    biases = {}
-    for key, bias in (body.logit_bias or {}).items():
-        try:
-            token = int(key)
-        except ValueError:
-            raise InvalidArgument(f"logit_bias keys are token ids, not {key[:40]!r}: POST /tokenize gives a word's "
-                                  "ids") from None
-        biases[token] = bias
-    return biases
+    return {token_id_key(key): bias for key, bias in (body.logit_bias or {}).items()}
 
 
 def _message_text(message: ChatMessage, images: list[bytes], call_names: dict[str, str]) -> tuple[str, str]:
