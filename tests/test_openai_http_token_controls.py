@@ -165,6 +165,15 @@ def test_several_prompts_and_token_id_prompts(client: openai.OpenAI, raw: httpx.
     assert len(both.choices) == 2
 
 
+@pytest.mark.parametrize("prompt", [["Once upon a time"] * 17, [[1, 2, 3]] * 17])
+def test_too_many_prompts_say_how_many_are_taken(raw: httpx.Client, prompt: list) -> None:
+    # Told before as the token-id branch's "prompt[0] must be an integer (and 16 more problems)".
+    refused = raw.post("/v1/completions", json={"model": "x", "prompt": prompt, "max_tokens": 1})
+    assert refused.status_code == 400, refused.text
+    error = refused.json()["error"]
+    assert error["message"] == "at most 16 prompts per request; prompt has 17" and error["param"] == "prompt", error
+
+
 def test_embeddings_as_the_openai_client_reads_them(client: openai.OpenAI) -> None:
     lines = ["The player gave the smith a ring.", "A ring was given to the blacksmith.", "Rain over the harbour."]
     reply = client.embeddings.create(model="text-embedding-3-small", input=lines)  # base64 on the wire, decoded

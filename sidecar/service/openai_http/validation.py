@@ -18,6 +18,8 @@ import pydantic
 # The plural of the items a `list[...]` branch holds, by the model classes in its name.
 _ITEMS = {"TextPart": "content parts", "ImagePart": "content parts", "ChatMessage": "messages", "Tool": "tools",
           "ToolCall": "tool calls", "str": "strings", "constrained-str": "strings"}
+# What a list field holds, by its name, for "at most 16 prompts per request".
+_LIMITED = {"prompt": "prompts", "input": "inputs", "messages": "messages", "tools": "tools", "stop": "stop strings"}
 _KINDS = {"string_type": "a string", "int_type": "an integer", "float_type": "a number", "bool_type": "true or false",
           "dict_type": "an object", "model_type": "an object", "model_attributes_type": "an object",
           "none_required": "null"}
@@ -34,6 +36,9 @@ def describe(error: pydantic.ValidationError, raw: bytes) -> tuple[str, str | No
     except (ValueError, RecursionError):  # pydantic read it: not expected, but no reason for a 500
         body = None
     located = [(_path(p, body), p) for p in problems]
+    too_long = _too_long_only(problems, located)
+    if too_long is not None:
+        return too_long
     # A union's branches each report; the one that got furthest into the value is the one the
     # client meant (a list whose part lacks "text" is no "not a string").
     deepest = max(len(path) for path, _ in located)
@@ -43,6 +48,24 @@ def describe(error: pydantic.ValidationError, raw: bytes) -> tuple[str, str | No
     if others:
         message += f" (and {len(others)} more {'problem' if len(others) == 1 else 'problems'})"
     return message, field
+
+
+def _too_long_only(problems: list[dict], located: list) -> tuple[str, str | None] | None:
+    """A list branch whose items all passed and that failed on its length alone is the one the
+    client meant: 17 prompts are "at most 16 prompts", not the token-id branch's "prompt[0] must
+    be an integer (and 16 more problems)"."""
+    for path, problem in located:
+        loc = tuple(problem["loc"])
+        if problem["type"] != "too_long" or any(len(q["loc"]) > len(loc) and tuple(q["loc"][:len(loc)]) == loc
+                                                 for q in problems):
+            continue
+        field = _json_path(path) or None
+        ctx = problem.get("ctx") or {}
+        last = next((step for step in reversed(path) if isinstance(step, str)), "")
+        noun = _LIMITED.get(last, "items")
+        return (f"at most {ctx.get('max_length')} {noun} per request; {field or 'the body'} has "
+                f"{ctx.get('actual_length', 'more')}"), field
+    return None
 
 
 def _path(problem: dict, body: Any) -> tuple[str | int, ...]:
