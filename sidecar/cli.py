@@ -52,6 +52,8 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                    "(default 16.7: 60 fps)")
     p.add_argument("--no-adaptive-threads", dest="adaptive_threads", action="store_false", default=None,
                    help="keep every pass at its planned threads even on a busy CPU (reproducible greedy text)")
+    p.add_argument("--no-jump-forward", dest="jump_forward", action="store_false", default=None,
+                   help="decode text a grammar forces token by token instead of in one pass (tool calls, JSON)")
     p.add_argument("--device", help="ggml device to place onto, e.g. CUDA0, Vulkan0, RPC0 (default: the first GPU-type one)")
     p.add_argument("--rpc", help="register ggml RPC servers (host:port, comma-separated) as devices, like llama.cpp's --rpc")
     p.add_argument("--max-sessions", type=int, help="most NPC sessions kept at once (default 64)")

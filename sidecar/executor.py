@@ -278,6 +278,7 @@ def cpu_engine_config(settings: Settings, budget: Budget) -> EngineConfig:
         max_tokens_per_request=settings.max_tokens_per_request,
         n_outputs_max=min(settings.sequences(), settings.batch),  # one logits row per sequence and pass
         adaptive_threads=settings.adaptive_threads,
+        jump_forward=settings.jump_forward,
         prefix_cache_bytes=settings.prefix_cache_bytes,
         saved_sessions_bytes=settings.saved_sessions_bytes,
         # Under a RAM budget the old context goes before the new one is made (kv_demand.py).

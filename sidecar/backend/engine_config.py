@@ -55,6 +55,9 @@ class EngineConfig:
     # pins every pass to its tier's threads: llama.cpp's CPU kernels round differently at other
     # thread counts, so only then is greedy text the same whatever else the machine runs.
     adaptive_threads: bool = True
+    # Text a request's grammar forces is fed in one pass instead of one pass a token
+    # (jump_forward.py); off, constrained replies decode token by token as llama.cpp's server does.
+    jump_forward: bool = True
     max_sessions: int = 64
     max_queue: int = 256
     max_prompt_tokens: int = 0  # 0: three quarters of the context, leaving room for the reply

@@ -138,6 +138,8 @@ class Usage:
     prompt_tokens: int
     cached_prompt_tokens: int
     completion_tokens: int
+    # Of completion_tokens, those a grammar forced and jump-forward fed without a pass of their own.
+    forced_tokens: int = 0
 
 
 @dataclass(frozen=True)

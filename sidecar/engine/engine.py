@@ -55,6 +55,7 @@ from sidecar.engine.reload import Reloading, ReloadRequest
 from sidecar.engine.scheduling.resent_admission import check_not_ended
 from sidecar.backend.requests import NO_VISION_MODEL, FinishReason, GenerationSpec, Job, Sink, TextDelta
 from sidecar.engine.sampler_chain import SamplerChain
+from sidecar.engine.jump_forward import ForcedText
 from sidecar.backend.sessions import Session, SessionStore
 from sidecar.engine.scheduling.slot import ActiveRequest, Slot
 from sidecar.engine.scheduling.slot_choice import common_prefix
@@ -106,6 +107,7 @@ class Engine(Admitting, KvResizing, Reloading):
         self._closing = False
         self.last_reload_pause_ms = 0.0
         self._governor = GovernedThreads()
+        self._forced_text: ForcedText | None = None  # built on the first grammar request
         self.pass_limiter = PassLimiter()  # the frame guard's (sidecar.guard)
         self.model_calls = ModelCalls(lambda: self.model, lambda: self._governor.threads(self.config, self.config.threads_prefill))
         self._thread = threading.Thread(target=self._run, name="xlm-engine", daemon=True)
@@ -438,8 +440,9 @@ class Engine(Admitting, KvResizing, Reloading):
         for seq, n in plan.fed:
             slot, active = by_seq[seq], by_seq[seq].active
             if active.decoding:
-                slot.cached.append(active.next_token)
-                active.next_token = None
+                # The sampled token, and as many forced ones as this pass carried (jump_forward.py).
+                slot.cached.extend(active.next_tokens[:n])
+                del active.next_tokens[:n]
                 decode_tokens += n
             else:
                 slot.cached.extend(active.prompt_tokens[active.fed : active.fed + n])
@@ -463,7 +466,7 @@ class Engine(Admitting, KvResizing, Reloading):
     def _demand(self, slot: Slot) -> SequenceDemand:
         a = slot.active
         if a.decoding:
-            return SequenceDemand(slot.seq, (a.next_token,), len(slot.cached), True)
+            return SequenceDemand(slot.seq, tuple(a.next_tokens), len(slot.cached), True)
         image_at = a.next_image_start()
         end = image_at if image_at is not None else len(a.prompt_tokens)
         if a.share_at is not None:
@@ -499,19 +502,52 @@ class Engine(Admitting, KvResizing, Reloading):
         if self.model.is_end_of_generation(token):
             self._finish(slot, FinishReason.STOP)
             return
-        a.generated += 1
         if a.job.spec.logprobs is not None:
             a.pending_logprobs.append(logprob_at(self._ctx.ptr, index, self.model.n_vocab, token,
                                                  a.job.spec.logprobs, self.model.piece))
+        if self._emit(slot, token):
+            return
+        forced, must_end = self._forced_after(slot)
+        for token in forced:
+            a.forced_tokens += 1
+            if self._emit(slot, token):
+                return
+        if must_end:  # the grammar is complete: its end token would be the next pass's only choice
+            self._finish(slot, FinishReason.STOP)
+
+    def _emit(self, slot: Slot, token: int) -> bool:
+        """Send a token of the reply and queue it for the next pass; True when the reply ended."""
+        a = slot.active
+        a.generated += 1
         self._send(a, a.stream.push(token, self.model.piece(token)))
         if a.stream.stopped:
             self._finish(slot, FinishReason.STOP_STRING)
         elif a.generated >= a.job.spec.max_tokens:
             self._finish(slot, FinishReason.LENGTH)
-        elif len(slot.cached) >= self._ctx.ctx_per_seq:
+        elif len(slot.cached) + len(a.next_tokens) >= self._ctx.ctx_per_seq:
             self._finish(slot, FinishReason.CONTEXT_FULL)
         else:
-            a.next_token = token
+            a.next_tokens.append(token)
+            return False
+        return True
+
+    def _forced_after(self, slot: Slot) -> tuple[list[int], bool]:
+        """The tokens the request's grammar forces next, accepted by its sampler (jump_forward.py),
+        and whether the grammar must then end. None without a grammar, with --no-jump-forward,
+        and with logprobs (a forced token has no distribution of its own to report)."""
+        a = slot.active
+        if a.sampler.grammar is None or not self.config.jump_forward or a.job.spec.logprobs is not None:
+            return [], False
+        if self._forced_text is None or self._forced_text.model is not self.model:
+            self._forced_text = ForcedText(self.model)
+        tokens, must_end = self._forced_text.forced_tokens(a.sampler.grammar)
+        taken: list[int] = []
+        for token in tokens:
+            if not a.sampler.allows(token):  # the tokenizer's split is checked, token by token
+                break
+            a.sampler.accept(token)
+            taken.append(token)
+        return taken, must_end and len(taken) == len(tokens)
 
     @staticmethod
     def _send(a: ActiveRequest, chunk: TextChunk) -> None:

@@ -26,7 +26,8 @@ def finished(a: ActiveRequest, reason: FinishReason, ended: float) -> Finished:
     decode_s = ended - a.first_token_at if a.first_token_at is not None else 0.0
     return Finished(
         reason=reason,
-        usage=Usage(prompt_tokens=len(a.prompt_tokens), cached_prompt_tokens=a.cached_tokens, completion_tokens=a.generated),
+        usage=Usage(prompt_tokens=len(a.prompt_tokens), cached_prompt_tokens=a.cached_tokens, completion_tokens=a.generated,
+                    forced_tokens=a.forced_tokens),
         timings=Timings(
             time_to_first_token_ms=((a.first_token_at or ended) - submitted) * 1000.0,
             prefill_tokens_per_s=new_prompt / prefill_s if prefill_s > 0 and a.prefill_done_at else 0.0,

@@ -7,6 +7,7 @@ import secrets
 import time
 
 import llama_cpp
+import numpy as np
 
 from sidecar.backend.sampling import BAN, SamplingConfig
 from sidecar.errors import InvalidArgument, ResourceExhausted
@@ -36,12 +37,15 @@ def logit_bias_sampler(n_vocab: int, biases: tuple[tuple[int, float], ...]) -> o
 
 
 class SamplerChain:
-    """Owns a llama_sampler chain; `sample` picks and accepts the next token from the last logits."""
+    """Owns a llama_sampler chain (and a request's grammar beside it); `sample` picks and accepts
+    the next token from the last logits."""
 
     def __init__(self, vocab: object, n_vocab: int, config: SamplingConfig, grammar: str | None = None) -> None:
         self.ptr = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+        self.grammar = None
         # Grammar requests sample step by step (token_candidates.py): a grammar can leave no token.
         self._candidates = TokenCandidates(n_vocab) if grammar is not None else None
+        self._one = TokenCandidates(1) if grammar is not None else None
         self.generated = 0
         try:
             self._build(vocab, n_vocab, config, grammar)
@@ -55,21 +59,20 @@ class SamplerChain:
         llama_cpp.llama_sampler_chain_add(self.ptr, sampler)
 
     def _build(self, vocab: object, n_vocab: int, config: SamplingConfig, grammar: str | None) -> None:
-        # The grammar sees the whole vocabulary first: truncating before it could leave no token
-        # that keeps the JSON valid. Then top-k, because the repetition penalty looks every
-        # candidate up in a hash map: on a 50k vocabulary that is most of a millisecond per token,
-        # on 40 candidates nothing (llama.cpp's own advice). The penalty only lowers logits, so
-        # it can only reorder within the top k; then the other truncations, then temperature.
+        # Top-k before the repetition penalty, because the penalty looks every candidate up in a
+        # hash map: on a 50k vocabulary that is most of a millisecond per token, on 40 candidates
+        # nothing (llama.cpp's own advice). The penalty only lowers logits, so it can only reorder
+        # within the top k; then the other truncations, then temperature. The grammar stands
+        # outside the chain (sample: it masks the whole vocabulary only when it must).
         if config.logit_bias:
-            # First, so every later step (the grammar's masks, top-k, the distribution) sees the
-            # biased logits, as OpenAI defines logit_bias.
+            # First, so every later step (top-k, the distribution) sees the biased logits, as
+            # OpenAI defines logit_bias.
             self._add(logit_bias_sampler(n_vocab, config.logit_bias), "logit bias")
         if grammar is not None:
-            sampler = llama_cpp.llama_sampler_init_grammar(vocab, grammar.encode("utf-8"), b"root")
-            if not sampler:
+            self.grammar = llama_cpp.llama_sampler_init_grammar(vocab, grammar.encode("utf-8"), b"root")
+            if not self.grammar:
                 raise InvalidArgument("the grammar could not be parsed by llama.cpp (GBNF with a `root` rule; "
                                       "see llama.cpp's grammars/README.md)")
-            self._add(sampler, "grammar")
         penalize = config.repeat_last_n > 0 and (
             config.repeat_penalty != 1.0 or config.frequency_penalty != 0.0 or config.presence_penalty != 0.0
         )
@@ -98,26 +101,53 @@ class SamplerChain:
         """Choose the next token from the logits at `index` of the last decode, and record it.
         With a grammar: InvalidArgument when it (with the banned tokens) leaves no token, and
         ResourceExhausted when its work on one token passes GRAMMAR_TOKEN_LIMIT_MS."""
-        if self._candidates is None:
+        if self.grammar is None:
             return int(llama_cpp.llama_sampler_sample(self.ptr, ctx, index))
         candidates = self._candidates
-        candidates.fill_from_logits(ctx, index)
         started = time.thread_time()
+        candidates.fill_from_logits(ctx, index)
         candidates.apply(self.ptr)
         token = candidates.selected_token()
+        if token is None or not self.allows(token):
+            # Masking all 50k tokens costs the grammar up to ~20 ms a token; asking it about the
+            # one token the chain chose costs microseconds, so the mask is made only when that
+            # token breaks the grammar (llama.cpp's common sampler does the same). Under greedy
+            # the choice is the same; sampling, a token the grammar allows is kept at its
+            # unmasked probability, as in llama-server.
+            candidates.fill_from_logits(ctx, index)
+            candidates.apply(self.grammar)
+            candidates.apply(self.ptr)
+            token = candidates.selected_token()
         if token is None:
             raise InvalidArgument(f"the grammar, with the request's logit_bias, leaves no token this model can write "
                                   f"after {self.generated} tokens of the reply")
-        llama_cpp.llama_sampler_accept(self.ptr, token)
+        self.accept(token)
         spent_ms = (time.thread_time() - started) * 1000.0
         if spent_ms > GRAMMAR_TOKEN_LIMIT_MS:
             raise ResourceExhausted(f"the grammar's work on one token took {spent_ms:.0f} ms of CPU, more than its "
                                     f"share ({GRAMMAR_TOKEN_LIMIT_MS:.0f} ms, which every other conversation waits "
                                     f"for): simplify the grammar or schema (nested repetitions multiply its work)")
-        self.generated += 1
         return token
+
+    def allows(self, token: int) -> bool:
+        """Whether the grammar accepts `token` next (always, without one)."""
+        if self.grammar is None:
+            return True
+        self._one.fill_ids(np.array([token], dtype=np.int32))
+        self._one.apply(self.grammar)
+        return self._one.allowed_ids().size == 1
+
+    def accept(self, token: int) -> None:
+        """Record `token` as the reply's next: the grammar advances, the penalties count it."""
+        if self.grammar is not None:
+            llama_cpp.llama_sampler_accept(self.grammar, token)
+        llama_cpp.llama_sampler_accept(self.ptr, token)
+        self.generated += 1
 
     def close(self) -> None:
         if self.ptr:
             llama_cpp.llama_sampler_free(self.ptr)
             self.ptr = None
+        if self.grammar:
+            llama_cpp.llama_sampler_free(self.grammar)
+            self.grammar = None

@@ -22,7 +22,8 @@ import numpy as np
 
 
 class TokenCandidates:
-    """A reusable candidate array over the whole vocabulary (one per request: sampled on one thread)."""
+    """A reusable candidate array of `n_vocab` entries: the whole vocabulary, or a few of its tokens
+    (fill_ids). One per user: a request samples on one thread."""
 
     def __init__(self, n_vocab: int) -> None:
         self.n_vocab = n_vocab
@@ -52,6 +53,17 @@ class TokenCandidates:
         self._view["logit"] = 0.0
         if banned is not None and banned.size:
             self._view["logit"][banned] = -np.inf
+
+    def fill_ids(self, ids: np.ndarray) -> None:
+        """Only these tokens (at most the array's size), equally likely: which does a grammar allow?"""
+        n = len(ids)
+        self._view["id"][:n] = ids
+        self._view["logit"][:n] = 0.0
+        self._view["p"][:n] = 0.0
+        self.array.data = ctypes.cast(self._buffer, llama_cpp.llama_token_data_p)
+        self.array.size = n
+        self.array.selected = -1
+        self.array.sorted = False
 
     def apply(self, sampler: object) -> None:
         llama_cpp.llama_sampler_apply(sampler, ctypes.byref(self.array))

@@ -31,8 +31,10 @@ class ActiveRequest:
     prompt_text: str
     started_at: float = field(default_factory=time.perf_counter)
     fed: int = 0  # prompt tokens in the KV cache so far
-    next_token: int | None = None  # sampled, not yet decoded
+    # Sampled (and then forced: jump_forward.py) tokens of the reply, not yet decoded.
+    next_tokens: list[int] = field(default_factory=list)
     generated: int = 0
+    forced_tokens: int = 0  # of `generated`, appended by jump-forward without a pass of their own
     reply: list[str] = field(default_factory=list)
     prefill_done_at: float | None = None
     first_token_at: float | None = None
@@ -54,7 +56,7 @@ class ActiveRequest:
 
     @property
     def decoding(self) -> bool:
-        return self.next_token is not None
+        return bool(self.next_tokens)
 
 
 @dataclass

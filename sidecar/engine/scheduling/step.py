@@ -11,8 +11,8 @@ from sidecar.native.context import BatchEntry
 class SequenceDemand:
     """What one active sequence wants from the next forward pass.
 
-    tokens: tokens not yet in its KV cache (one sampled token while decoding; the rest of the
-    prompt while prefilling). start_pos: the position of tokens[0].
+    tokens: tokens not yet in its KV cache (while decoding, the sampled token and any a grammar
+    forced after it; the rest of the prompt while prefilling). start_pos: the position of tokens[0].
     """
 
     seq: int
@@ -54,6 +54,13 @@ def plan_step(demands: list[SequenceDemand], n_batch: int) -> StepPlan:
             break
         chosen[d.seq] = (d, 1)
         used += 1
+    # Forced tokens after a sampled one (jump-forward) next: they are a reply's, mid-sentence.
+    for d in (d for d in demands if d.decoding and d.seq in chosen and len(d.tokens) > 1):
+        extra = min(n_batch - used, len(d.tokens) - 1)
+        if extra <= 0:
+            break
+        chosen[d.seq] = (d, 1 + extra)
+        used += extra
     for d in (d for d in demands if not d.decoding):
         room = n_batch - used
         if room <= 0:
@@ -66,7 +73,7 @@ def plan_step(demands: list[SequenceDemand], n_batch: int) -> StepPlan:
     logits_at: list[tuple[int, int]] = []
     for seq in sorted(chosen):
         d, take = chosen[seq]
-        ends_prompt = d.decoding or (take == len(d.tokens) and d.ends_prompt)
+        ends_prompt = take == len(d.tokens) and (d.decoding or d.ends_prompt)
         for i in range(take):
             last = ends_prompt and i == take - 1
             if last:
