@@ -15,8 +15,9 @@ from pathlib import Path
 import grpc
 from pydantic import ValidationError
 
-from sidecar import __version__
+from sidecar import __version__, usage_errors
 from sidecar.errors import InvalidArgument, ModelLoadError
+from sidecar.usage_errors import say_failure
 
 EXIT_FAILURE, EXIT_USAGE, EXIT_MODEL, EXIT_LISTEN, EXIT_UNREACHABLE = 1, 2, 3, 4, 5
 SUBCOMMANDS = ("serve", "chat", "ask", "status", "budget", "testmodels", "profile")
@@ -154,7 +155,7 @@ def _register_optional(sub: argparse._SubParsersAction) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = usage_errors.Parser(
         prog="xlm-sidecar",
         description="Run a language model beside a game, inside the VRAM budget the game grants.",
     )
@@ -185,19 +186,19 @@ def _run_serve(args: argparse.Namespace) -> int:
     except ValidationError as e:
         for err in e.errors():
             where = ".".join(str(x) for x in err["loc"]) or "settings"
-            print(f"xlm-sidecar: --{where.replace('_', '-')}: {err['msg']}", file=sys.stderr)
+            say_failure(f"xlm-sidecar: --{where.replace('_', '-')}: {err['msg']}")
         return EXIT_USAGE
     configure_logging(settings.log_format, settings.log_level)
     try:
         asyncio.run(serve(settings))
     except ModelLoadError as e:
-        print(f"xlm-sidecar: {e}", file=sys.stderr)
+        say_failure(f"xlm-sidecar: {e}")
         return EXIT_MODEL
     except PortInUse as e:
-        print(f"xlm-sidecar: {e} (is another daemon running? use --port)", file=sys.stderr)
+        say_failure(f"xlm-sidecar: {e} (is another daemon running? use --port)")
         return EXIT_LISTEN
     except InvalidArgument as e:
-        print(f"xlm-sidecar: {e}", file=sys.stderr)
+        say_failure(f"xlm-sidecar: {e}")
         return EXIT_USAGE
     return 0
 
@@ -384,6 +385,9 @@ def main(argv: list[str] | None = None) -> int:
         return grammar_probe()
     if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version")):
         argv.insert(0, "serve")  # `xlm-sidecar --budget 3G`
+    # The daemon's usage errors go the way its log goes (JSON lines to a launcher); a client
+    # command's go to a person.
+    usage_errors.json_lines = argv[:1] == ["serve"] and usage_errors.logs_are_json(argv)
     args = build_parser().parse_args(argv)
     try:
         return args.run(args)

@@ -12,12 +12,15 @@ installed) breaks it. Two layers make sure none gets through:
   {"event": <line>, "logger": "stderr"}. structlog itself writes to the real stderr directly, so
   the daemon's own log never waits on that thread.
 
-A native crash (abort, segfault) can take the last unread bytes of the pipe with it: the price
-of keeping the stream parseable.
+A native crash can take the last unread bytes of the pipe with it. ggml's aborts (GGML_ASSERT,
+GGML_ABORT: the crashes llama.cpp reports) do not: their message comes to `FdCapture.fatal`
+through ggml's abort callback (native/log_capture.py), which lets the reader empty the pipe and
+then writes the message itself, as one error object, before the process dies.
 """
 
 from __future__ import annotations
 
+import array
 import atexit
 import contextlib
 import datetime
@@ -26,6 +29,7 @@ import logging
 import os
 import sys
 import threading
+import time
 
 import structlog
 
@@ -108,6 +112,7 @@ class FdCapture:
         self._real_fd = os.dup(2)
         self.real = _LineWriter(self._real_fd)
         read_fd, write_fd = os.pipe()
+        self._read_fd = read_fd
         sys.stderr.flush()
         os.dup2(write_fd, 2)
         os.close(write_fd)
@@ -122,6 +127,20 @@ class FdCapture:
                 with contextlib.suppress(OSError, ValueError):
                     self.real.write(line + "\n")
 
+    def fatal(self, message: str, logger: str, drain_s: float = 0.5) -> None:
+        """Write `message` as an error object straight to the real stderr, once what native code
+        wrote to the pipe before it is out (or `drain_s` has passed): the process is about to die,
+        and the reader thread with it."""
+        deadline = time.monotonic() + drain_s
+        with contextlib.suppress(OSError, ValueError):
+            while _unread_bytes(self._read_fd) and time.monotonic() < deadline:
+                time.sleep(0.005)
+            time.sleep(0.02)  # the reader has the last bytes; let it write their line
+        line = json.dumps({"event": message.rstrip("\r\n"), "level": "error", "logger": logger,
+                           "timestamp": _timestamp()}, ensure_ascii=False)
+        with contextlib.suppress(OSError, ValueError):
+            self.real.write(line + "\n")
+
     def close(self, timeout_s: float = 2.0) -> None:
         """Put the real stderr back on fd 2 (closing the pipe's last writer) and let the reader
         write out what is left."""
@@ -132,7 +151,24 @@ class FdCapture:
         self._reader.join(timeout_s)
 
 
+def _unread_bytes(fd: int) -> int:
+    """Bytes in the pipe the reader has not taken yet (0 where FIONREAD is not there: Windows)."""
+    try:
+        import fcntl
+        import termios
+    except ImportError:
+        return 0
+    buf = array.array("i", [0])
+    fcntl.ioctl(fd, termios.FIONREAD, buf, True)
+    return buf[0]
+
+
 _capture: FdCapture | None = None
+
+
+def active_capture() -> FdCapture | None:
+    """The fd 2 capture when JSON logs installed one, else None."""
+    return _capture
 
 
 def capture_fd2() -> FdCapture:

@@ -8,8 +8,12 @@ parsing stderr line by line broke.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+
+import pytest
 
 from conftest import start_daemon, stop_daemon
 from test_transport_websocket import ONE_THREAD
@@ -76,3 +80,40 @@ def test_a_daemon_with_json_logs_writes_only_json_lines() -> None:
     rest = running.process.stderr.read()
     _objects(rest)
     assert any(e.get("event") == "stopped" for e in _objects(rest))
+
+
+# A ggml abort, provoked cheaply: a tensor larger than its context's memory pool (GGML_ASSERT in
+# ggml_new_object), in the very ggml libllama uses.
+GGML_ABORT = r"""
+import ctypes, sys
+from sidecar.logs import configure_logging
+configure_logging(sys.argv[1], "info")
+from sidecar.ggml_devices import open_library
+from sidecar.native.log_capture import install_native_log_filter
+install_native_log_filter()
+ggml = open_library("libggml-base")
+class Params(ctypes.Structure):
+    _fields_ = [("mem_size", ctypes.c_size_t), ("mem_buffer", ctypes.c_void_p), ("no_alloc", ctypes.c_bool)]
+ggml.ggml_init.restype, ggml.ggml_init.argtypes = ctypes.c_void_p, [Params]
+ggml.ggml_new_tensor_1d.restype = ctypes.c_void_p
+ggml.ggml_new_tensor_1d.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64]
+ggml.ggml_new_tensor_1d(ggml.ggml_init(Params(1024, None, False)), 0, 1 << 20)
+"""
+
+
+@pytest.mark.parametrize("fmt", ["json", "console"])
+def test_a_native_abort_is_one_line_without_a_debugger_and_json_under_json_logs(fmt: str) -> None:
+    # Before, ggml forked gdb on every abort: about 58 raw lines of backtrace on stderr, and under
+    # JSON logs the abort message itself was lost with the pipe's reader (issue 36, P10).
+    done = subprocess.run([sys.executable, "-c", GGML_ABORT, fmt], capture_output=True, text=True, timeout=120,
+                          env={k: v for k, v in os.environ.items() if k != "GGML_NO_BACKTRACE"})
+    assert done.returncode == -signal.SIGABRT, done.stderr
+    assert "GGML_ASSERT" in done.stderr, done.stderr
+    for noise in ("gdb", "#0 ", "Inferior", "libthread_db"):
+        assert noise not in done.stderr, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) <= 3, done.stderr
+    if fmt == "json":
+        events = _objects(done.stderr)
+        [crash] = [e for e in events if "GGML_ASSERT" in e["event"]]
+        assert crash["level"] == "error" and crash["logger"] == "ggml", crash

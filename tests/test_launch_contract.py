@@ -86,17 +86,35 @@ def _serve(*flags: str, env: dict[str, str] | None = None) -> subprocess.Complet
         (["--model", "/nonexistent/model.gguf"], {}, 3, "not found"),
     ],
 )
-def test_start_up_failures_exit_with_the_documented_code_and_one_plain_line(
+def test_start_up_failures_exit_with_the_documented_code_and_one_json_line(
     flags: list[str], env: dict[str, str], code: int, said: str, tmp_path: Path
 ) -> None:
     done = _serve(*flags, env={"XLM_SIDECAR_RUNTIME_DIR": str(tmp_path), **env})
     assert done.returncode == code, done.stderr
     assert said in done.stderr and done.stdout == ""
-    if code != 2 or flags != ["--no-such-flag"]:  # argparse prints its usage first
-        last = done.stderr.strip().splitlines()[-1]
-        # stderr is a pipe here, so logs are JSON: the reason is the last object's event.
-        text = json.loads(last)["event"] if last.startswith("{") else last
-        assert text.startswith("xlm-sidecar: "), last
+    # --log-format json: every line is one object, argparse's and the settings' refusals too
+    # (issue 36, P10: they were plain text, argparse's with its usage), the reason the last event.
+    events = [json.loads(line) for line in done.stderr.splitlines() if line.strip()]
+    assert all(isinstance(e, dict) for e in events), done.stderr
+    assert events[-1]["event"].startswith("xlm-sidecar: ") and events[-1]["level"] == "error", events[-1]
+
+
+@pytest.mark.parametrize("log_format", [["--log-format=json"], ["--log-f", "json"], []])
+def test_a_bad_flag_is_json_whenever_the_log_is(log_format: list[str], tmp_path: Path) -> None:
+    # `auto` (no flag) logs JSON when stderr is a pipe, as it is here; the flag in any spelling
+    # argparse takes.
+    done = subprocess.run([sys.executable, "-m", "sidecar", "--port", "0", "--no-such-flag", *log_format],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "XLM_SIDECAR_RUNTIME_DIR": str(tmp_path)})
+    assert done.returncode == 2
+    [event] = [json.loads(line) for line in done.stderr.splitlines()]
+    assert event["event"].startswith("xlm-sidecar: unrecognized arguments: --no-such-flag"), event
+
+
+def test_a_bad_flag_is_plain_text_under_console_logs(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "sidecar", "serve", "--ctx", "many", "--log-format", "console"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.startswith("usage: ") and "invalid int value" in done.stderr
 
 
 def test_listening_line_fields_are_the_documented_ones(daemon: RunningDaemon) -> None:

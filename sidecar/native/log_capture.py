@@ -54,6 +54,37 @@ def install_native_log_filter() -> None:
 
     mtmd_cpp.mtmd_log_set(forward, ctypes.c_void_p(0))
     mtmd_cpp.mtmd_helper_log_set(forward, ctypes.c_void_p(0))
+    _report_aborts_as_json()
+
+
+_ABORT_CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_char_p)  # ggml_abort_callback_t
+
+
+def _report_aborts_as_json() -> None:
+    """Under JSON logs, ggml's abort message (GGML_ASSERT, GGML_ABORT) goes out as one JSON
+    error object, written before abort() ends the process. Without the callback ggml prints it to
+    fd 2, the pipe json_stderr reads, and abort() may end the process before the reader has passed
+    it on (and it would pass as a plain warning). The gdb backtrace ggml would print next is off
+    either way: GGML_NO_BACKTRACE, sidecar/__init__.py."""
+    from sidecar.json_stderr import active_capture
+
+    capture = active_capture()
+    if capture is None:
+        return  # console logs: ggml prints its message to the terminal itself
+    from sidecar.ggml_devices import open_library
+
+    try:
+        setter = open_library("libggml-base").ggml_set_abort_callback  # the ggml libllama uses
+    except (OSError, AttributeError):  # a build without it: the message may be lost, nothing worse
+        return
+    setter.argtypes, setter.restype = [_ABORT_CALLBACK], ctypes.c_void_p
+
+    @_ABORT_CALLBACK
+    def report(message: bytes | None) -> None:
+        capture.fatal((message or b"").decode("utf-8", errors="replace"), logger="ggml")
+
+    _installed.append(report)
+    setter(report)
 
 
 @contextmanager
