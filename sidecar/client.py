@@ -19,6 +19,7 @@ import collections
 import json
 import os
 import time
+import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -83,6 +84,18 @@ class Reply:
         self.logprobs.extend(chunk.logprobs)
         if chunk.HasField("final"):
             self.final = chunk.final
+
+
+# Parts of an import larger than this (the daemon's default message limit is 8 MiB).
+IMPORT_PART_BYTES = 4 << 20
+
+
+@dataclass(frozen=True)
+class SavedArchive:
+    """What export_sessions returns: the bytes to keep, and what was saved of each session."""
+
+    data: bytes
+    sessions: list
 
 
 class SidecarClient:
@@ -273,6 +286,36 @@ class SidecarClient:
 
     def set_budget(self, request: pb.SetBudgetRequest) -> pb.SetBudgetResponse:
         return self._stub.SetBudget(request, timeout=self.timeout_s)
+
+    def export_sessions(self, session_ids: list[str] | None = None, *, include_kv: bool = False) -> SavedArchive:
+        """Save games: the conversations of `session_ids` (every session when None) as bytes for
+        the game's own save, with their KV caches when `include_kv`."""
+        request = pb.ExportSessionsRequest(session_ids=session_ids or [], include_kv=include_kv)
+        parts, last = [], None
+        for chunk in self._stub.ExportSessions(request, timeout=self.timeout_s):
+            parts.append(chunk.data)
+            if chunk.last:
+                last = chunk
+        if last is None:
+            raise RuntimeError("the export ended before its last chunk")
+        return SavedArchive(b"".join(parts), list(last.sessions))
+
+    def import_sessions(self, archive: bytes, *, replace: bool = False,
+                        part_bytes: int = IMPORT_PART_BYTES) -> list[pb.SavedSessionInfo]:
+        """Restore sessions from an archive export_sessions made; one SavedSessionInfo per
+        session (`restored` "kv" or "text", and why). Archives larger than one message go in
+        parts of `part_bytes`."""
+        if len(archive) <= part_bytes:
+            request = pb.ImportSessionsRequest(archive=archive, replace=replace)
+            return list(self._stub.ImportSessions(request, timeout=self.timeout_s).sessions)
+        upload = f"py-{os.getpid()}-{uuid.uuid4().hex[:16]}"
+        view = memoryview(archive)
+        for start in range(0, len(archive), part_bytes):
+            more = start + part_bytes < len(archive)
+            request = pb.ImportSessionsRequest(archive=bytes(view[start:start + part_bytes]), replace=replace,
+                                               upload_id=upload, more=more)
+            response = self._stub.ImportSessions(request, timeout=self.timeout_s)
+        return list(response.sessions)
 
     def watch_state(self) -> Iterator[pb.StateEvent]:
         call = self._stub.WatchState(pb.WatchStateRequest())

@@ -44,5 +44,7 @@ def test_api_is_versioned_and_complete() -> None:
         "Tokenize": ("TokenizeRequest", "TokenizeResponse"),
         "Detokenize": ("DetokenizeRequest", "DetokenizeResponse"),
         "ReportFrames": ("FrameReport", "FrameGuardState"),
+        "ExportSessions": ("ExportSessionsRequest", "ExportSessionsChunk"),
+        "ImportSessions": ("ImportSessionsRequest", "ImportSessionsResponse"),
     }
     assert hasattr(rpc, "SidecarStub") and grpc is not None

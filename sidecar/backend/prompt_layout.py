@@ -23,6 +23,11 @@ from sidecar.backend.requests import Prompt
 # Between the shared context and the NPC's own system text.
 SEPARATOR = "\n\n"
 
+# Bumped whenever a change here, in chat_segments or in how the engine renders and tokenizes a
+# conversation makes the same messages become other tokens: a saved KV state (save games) is
+# restored only under the layout it was computed with (save_fingerprint.py).
+PROMPT_LAYOUT_VERSION = 1
+
 RenderChat = Callable[[list[tuple[str, str]]], str]
 
 

@@ -40,6 +40,8 @@ class Session:
     # Bumped by the owning backend whenever the history changes, so a decision taken against it
     # can tell it is still current.
     version: int = 0
+    # Imported from a save and not resumed yet: "kv" (saved_state holds its cache) or "text".
+    imported: str = ""
 
     def restart(self) -> None:
         """Forget the conversation (its KV cache is dropped or overwritten by the owner)."""
@@ -66,6 +68,7 @@ class SessionView:
     last_used: float
     in_kv_cache: bool
     host_bytes: int
+    imported: str = ""
 
 
 class SessionStore:
@@ -123,9 +126,29 @@ class SessionStore:
             raise NotFound(f"no session {session_id!r}")
         return session
 
+    def all(self) -> list[Session]:
+        with self._lock:
+            return list(self._sessions.values())
+
+    def put_all(self, sessions: list[Session], *, replace: bool) -> None:
+        """Add `sessions` (a save's), all or none: InvalidArgument naming the ids that exist unless
+        `replace`, ResourceExhausted when they do not fit beside the others."""
+        with self._lock:
+            existing = [s.session_id for s in sessions if s.session_id in self._sessions]
+            if existing and not replace:
+                shown = ", ".join(repr(i) for i in existing[:8]) + (f" and {len(existing) - 8} more" if len(existing) > 8 else "")
+                raise InvalidArgument(f"sessions {shown} exist already: end them first, or import with replace")
+            after = len(self._sessions) + len(sessions) - len(existing)
+            if after > self.max_sessions:
+                raise ResourceExhausted(
+                    f"importing {len(sessions)} sessions makes {after}; the limit is {self.max_sessions} "
+                    "(end some, or raise --max-sessions)")
+            for session in sessions:
+                self._sessions[session.session_id] = session
+
     def views(self) -> list[SessionView]:
         with self._lock:
             return [
-                SessionView(s.session_id, s.tokens, s.last_used, s.seq is not None, len(s.saved_state or b""))
+                SessionView(s.session_id, s.tokens, s.last_used, s.seq is not None, len(s.saved_state or b""), s.imported)
                 for s in self._sessions.values()
             ]

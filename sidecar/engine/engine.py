@@ -46,6 +46,7 @@ from sidecar.engine.finish_report import finished
 from sidecar.engine.scheduling.packing import packing_moves, swap
 from sidecar.engine.loading import context_for, load_model_and_context
 from sidecar.engine.session_turn import remember_turn
+from sidecar.engine.session_saves import export_on_engine, import_on_engine, our_fingerprint
 from sidecar.engine.inbox import ImageReady, InboxMessage, Stop
 from sidecar.engine.admission import Admitting
 from sidecar.engine.kv_demand import SequencePool
@@ -179,6 +180,18 @@ class Engine(Admitting, KvResizing, Reloading):
             return done
         self._inbox.put(ReloadRequest(config, done, force))
         return done
+
+    def export_sessions(self, session_ids: list[str], include_kv: bool) -> Future:
+        """Save games: the sessions' archive, unsealed, and what was saved of each
+        (session_saves.py), read between two passes."""
+        return self.call_model(lambda calls: export_on_engine(self, session_ids, include_kv))
+
+    def import_sessions(self, archive, ours, replace: bool) -> Future:
+        """Save games: add a checked archive's sessions between two passes (session_saves.py)."""
+        return self.call_model(lambda calls: import_on_engine(self, archive, ours, replace))
+
+    def save_fingerprint(self, layers: int = 0):
+        return our_fingerprint(self, layers)
 
     def set_pass_limits(self, limits: PassLimits) -> None:
         self.pass_limiter.limits = limits
@@ -368,9 +381,16 @@ class Engine(Admitting, KvResizing, Reloading):
         self._ctx.clear(slot.seq)
         slot.cached = []
         if session.saved_state is not None:
-            self._ctx.restore(slot.seq, session.saved_state)
-            slot.cached = list(session.saved_tokens)
+            try:
+                self._ctx.restore(slot.seq, session.saved_state)
+                slot.cached = list(session.saved_tokens)
+            except EngineFailure as e:
+                # A saved state llama.cpp refuses (a save's, made with another attention layout):
+                # the conversation is computed again from its text, never half restored.
+                log.warning("saved KV state refused; recomputing the conversation", session_id=session.session_id, error=str(e))
+                self._ctx.clear(slot.seq)
             session.saved_state, session.saved_tokens = None, []
+        session.imported = ""
         slot.session_id = session.session_id
         session.seq = slot.seq
 

@@ -30,6 +30,8 @@ _INVOKE: dict[str, Callable[[SidecarService, Message], AsyncIterator[Message] | 
     "Tokenize": lambda core, request: core.tokenize(request),
     "Detokenize": lambda core, request: core.detokenize(request),
     "ReportFrames": lambda core, request: core.report_frames(request),
+    "ExportSessions": lambda core, request: core.saves.export_sessions(request),
+    "ImportSessions": lambda core, request: core.saves.import_sessions(request),
 }
 
 

@@ -363,6 +363,8 @@ def status_to_pb(
                 tokens=s.tokens,
                 last_used_unix_ms=int(s.last_used * 1000),
                 in_kv_cache=s.in_kv_cache,
+                saved_kv_bytes=s.host_bytes,
+                imported=s.imported,
             )
             for s in snap.sessions
         ],

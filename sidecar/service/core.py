@@ -27,6 +27,7 @@ from sidecar.service.budget_control import BudgetControl, check_thread_cap
 from sidecar.service.collector import StreamCollector
 from sidecar.service.grammar_checks import GrammarChecks
 from sidecar.service.request_checks import check_session_id
+from sidecar.service.session_saves import SessionSaves
 from sidecar.service.readiness import not_ready, profile_to_pb, starting_status
 from sidecar.service.state import DaemonState, StateHub
 
@@ -65,6 +66,7 @@ class SidecarService:
         # in remote mode, reports are checked and answered, and nothing is applied.
         self.grammar_checks = GrammarChecks()
         self.frame_guard = FrameGuard(GuardSettings(), enabled=False, game_pid=None, apply=lambda limits: None)
+        self.saves = SessionSaves(self)  # ExportSessions, ImportSessions (save games)
         self._process = psutil.Process()
         # Backend jobs of the streams in flight, so a shutdown can end each with a final chunk.
         self._jobs: dict[int, object] = {}  # id(job) -> job (jobs are not hashable)
@@ -305,6 +307,7 @@ class SidecarService:
         if self.state.current.profile is not None:
             status.profile.CopyFrom(profile_to_pb(self.state.current.profile))
         status.frame_guard.CopyFrom(self.frame_guard.to_pb())
+        status.saves.CopyFrom(self.saves.activity_pb())
         return status
 
     async def end_session(self, request: pb.EndSessionRequest) -> pb.EndSessionResponse:

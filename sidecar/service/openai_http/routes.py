@@ -27,7 +27,7 @@ from sidecar.errors import NotFound
 from sidecar.service import candidates, convert
 from sidecar.service.auth import Authenticator
 from sidecar.service.core import SidecarService
-from sidecar.service.openai_http import model_routes, replies, translate
+from sidecar.service.openai_http import model_routes, replies, session_routes, translate
 from sidecar.service.openai_http.cors import CorsPolicy
 from sidecar.service.openai_http.disconnect import ClientGone, EventStream, until_disconnected
 from sidecar.service.openai_http.errors import HttpRefusal, InvalidBody, error_response, too_large, unauthenticated
@@ -87,6 +87,9 @@ class OpenAIApi:
             Route("/models/{model:path}", self._guarded(self.model), methods=["GET"]),
             Route("/chat/completions", self._guarded(self.chat), methods=["POST"]),
             Route("/completions", self._guarded(self.completions), methods=["POST"]),
+            # Save games (session_routes.py); before the DELETE route, whose path takes any id.
+            Route("/sessions/export", self._guarded(lambda r: session_routes.export_sessions(self.core, r)), methods=["POST"]),
+            Route("/sessions/import", self._guarded(lambda r: session_routes.import_sessions(self.core, r)), methods=["POST"]),
             Route("/sessions/{session_id:path}", self._guarded(self.end_session), methods=["DELETE"]),
             Route("/embeddings", self._guarded(self.embeddings), methods=["POST"]),
             # llama-server's: count tokens before sending, find a word's ids, read the context size.

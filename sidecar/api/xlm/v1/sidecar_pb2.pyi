@@ -598,16 +598,20 @@ class Throughput(_message.Message):
     def __init__(self, tokens_generated: _Optional[int] = ..., prompt_tokens_processed: _Optional[int] = ..., decode_tokens_per_s: _Optional[float] = ..., prefill_tokens_per_s: _Optional[float] = ..., requests_served: _Optional[int] = ..., requests_active: _Optional[int] = ..., requests_queued: _Optional[int] = ...) -> None: ...
 
 class SessionInfo(_message.Message):
-    __slots__ = ("session_id", "tokens", "last_used_unix_ms", "in_kv_cache")
+    __slots__ = ("session_id", "tokens", "last_used_unix_ms", "in_kv_cache", "saved_kv_bytes", "imported")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     LAST_USED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     IN_KV_CACHE_FIELD_NUMBER: _ClassVar[int]
+    SAVED_KV_BYTES_FIELD_NUMBER: _ClassVar[int]
+    IMPORTED_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     tokens: int
     last_used_unix_ms: int
     in_kv_cache: bool
-    def __init__(self, session_id: _Optional[str] = ..., tokens: _Optional[int] = ..., last_used_unix_ms: _Optional[int] = ..., in_kv_cache: _Optional[bool] = ...) -> None: ...
+    saved_kv_bytes: int
+    imported: str
+    def __init__(self, session_id: _Optional[str] = ..., tokens: _Optional[int] = ..., last_used_unix_ms: _Optional[int] = ..., in_kv_cache: _Optional[bool] = ..., saved_kv_bytes: _Optional[int] = ..., imported: _Optional[str] = ...) -> None: ...
 
 class Limits(_message.Message):
     __slots__ = ("max_sessions", "context_per_session", "max_prompt_tokens", "max_tokens_per_request", "max_message_bytes", "max_image_bytes")
@@ -626,7 +630,7 @@ class Limits(_message.Message):
     def __init__(self, max_sessions: _Optional[int] = ..., context_per_session: _Optional[int] = ..., max_prompt_tokens: _Optional[int] = ..., max_tokens_per_request: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., max_image_bytes: _Optional[int] = ...) -> None: ...
 
 class Status(_message.Message):
-    __slots__ = ("version", "phase", "model", "budget", "schedule", "memory", "throughput", "sessions", "limits", "uptime_s", "listen_addresses", "vision", "prefix_cache", "profile", "frame_guard")
+    __slots__ = ("version", "phase", "model", "budget", "schedule", "memory", "throughput", "sessions", "limits", "uptime_s", "listen_addresses", "vision", "prefix_cache", "profile", "frame_guard", "saves")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -642,6 +646,7 @@ class Status(_message.Message):
     PREFIX_CACHE_FIELD_NUMBER: _ClassVar[int]
     PROFILE_FIELD_NUMBER: _ClassVar[int]
     FRAME_GUARD_FIELD_NUMBER: _ClassVar[int]
+    SAVES_FIELD_NUMBER: _ClassVar[int]
     version: str
     phase: EnginePhase
     model: ModelInfo
@@ -657,7 +662,8 @@ class Status(_message.Message):
     prefix_cache: PrefixCacheStatus
     profile: ProfileProgress
     frame_guard: FrameGuardState
-    def __init__(self, version: _Optional[str] = ..., phase: _Optional[_Union[EnginePhase, str]] = ..., model: _Optional[_Union[ModelInfo, _Mapping]] = ..., budget: _Optional[_Union[Budget, _Mapping]] = ..., schedule: _Optional[_Union[Schedule, _Mapping]] = ..., memory: _Optional[_Union[MemoryUse, _Mapping]] = ..., throughput: _Optional[_Union[Throughput, _Mapping]] = ..., sessions: _Optional[_Iterable[_Union[SessionInfo, _Mapping]]] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., uptime_s: _Optional[float] = ..., listen_addresses: _Optional[_Iterable[str]] = ..., vision: _Optional[_Union[VisionStatus, _Mapping]] = ..., prefix_cache: _Optional[_Union[PrefixCacheStatus, _Mapping]] = ..., profile: _Optional[_Union[ProfileProgress, _Mapping]] = ..., frame_guard: _Optional[_Union[FrameGuardState, _Mapping]] = ...) -> None: ...
+    saves: SaveActivity
+    def __init__(self, version: _Optional[str] = ..., phase: _Optional[_Union[EnginePhase, str]] = ..., model: _Optional[_Union[ModelInfo, _Mapping]] = ..., budget: _Optional[_Union[Budget, _Mapping]] = ..., schedule: _Optional[_Union[Schedule, _Mapping]] = ..., memory: _Optional[_Union[MemoryUse, _Mapping]] = ..., throughput: _Optional[_Union[Throughput, _Mapping]] = ..., sessions: _Optional[_Iterable[_Union[SessionInfo, _Mapping]]] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., uptime_s: _Optional[float] = ..., listen_addresses: _Optional[_Iterable[str]] = ..., vision: _Optional[_Union[VisionStatus, _Mapping]] = ..., prefix_cache: _Optional[_Union[PrefixCacheStatus, _Mapping]] = ..., profile: _Optional[_Union[ProfileProgress, _Mapping]] = ..., frame_guard: _Optional[_Union[FrameGuardState, _Mapping]] = ..., saves: _Optional[_Union[SaveActivity, _Mapping]] = ...) -> None: ...
 
 class PrefixCacheStatus(_message.Message):
     __slots__ = ("max_bytes", "bytes_held", "entries", "hits", "tokens_saved", "misses", "waits")
@@ -714,6 +720,80 @@ class EndSessionResponse(_message.Message):
     TOKENS_FREED_FIELD_NUMBER: _ClassVar[int]
     tokens_freed: int
     def __init__(self, tokens_freed: _Optional[int] = ...) -> None: ...
+
+class ExportSessionsRequest(_message.Message):
+    __slots__ = ("session_ids", "include_kv")
+    SESSION_IDS_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_KV_FIELD_NUMBER: _ClassVar[int]
+    session_ids: _containers.RepeatedScalarFieldContainer[str]
+    include_kv: bool
+    def __init__(self, session_ids: _Optional[_Iterable[str]] = ..., include_kv: _Optional[bool] = ...) -> None: ...
+
+class SavedSessionInfo(_message.Message):
+    __slots__ = ("session_id", "tokens", "kv_bytes", "restored", "reason")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    KV_BYTES_FIELD_NUMBER: _ClassVar[int]
+    RESTORED_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    tokens: int
+    kv_bytes: int
+    restored: str
+    reason: str
+    def __init__(self, session_id: _Optional[str] = ..., tokens: _Optional[int] = ..., kv_bytes: _Optional[int] = ..., restored: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class ExportSessionsChunk(_message.Message):
+    __slots__ = ("data", "sessions", "archive_bytes", "last")
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    ARCHIVE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    LAST_FIELD_NUMBER: _ClassVar[int]
+    data: bytes
+    sessions: _containers.RepeatedCompositeFieldContainer[SavedSessionInfo]
+    archive_bytes: int
+    last: bool
+    def __init__(self, data: _Optional[bytes] = ..., sessions: _Optional[_Iterable[_Union[SavedSessionInfo, _Mapping]]] = ..., archive_bytes: _Optional[int] = ..., last: _Optional[bool] = ...) -> None: ...
+
+class ImportSessionsRequest(_message.Message):
+    __slots__ = ("archive", "replace", "upload_id", "more")
+    ARCHIVE_FIELD_NUMBER: _ClassVar[int]
+    REPLACE_FIELD_NUMBER: _ClassVar[int]
+    UPLOAD_ID_FIELD_NUMBER: _ClassVar[int]
+    MORE_FIELD_NUMBER: _ClassVar[int]
+    archive: bytes
+    replace: bool
+    upload_id: str
+    more: bool
+    def __init__(self, archive: _Optional[bytes] = ..., replace: _Optional[bool] = ..., upload_id: _Optional[str] = ..., more: _Optional[bool] = ...) -> None: ...
+
+class ImportSessionsResponse(_message.Message):
+    __slots__ = ("sessions", "received_bytes")
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    RECEIVED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    sessions: _containers.RepeatedCompositeFieldContainer[SavedSessionInfo]
+    received_bytes: int
+    def __init__(self, sessions: _Optional[_Iterable[_Union[SavedSessionInfo, _Mapping]]] = ..., received_bytes: _Optional[int] = ...) -> None: ...
+
+class SaveActivity(_message.Message):
+    __slots__ = ("exports", "imports", "last_export_bytes", "last_export_sessions", "last_import_bytes", "last_import_sessions", "last_import_kv", "last_import_text")
+    EXPORTS_FIELD_NUMBER: _ClassVar[int]
+    IMPORTS_FIELD_NUMBER: _ClassVar[int]
+    LAST_EXPORT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    LAST_EXPORT_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    LAST_IMPORT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    LAST_IMPORT_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    LAST_IMPORT_KV_FIELD_NUMBER: _ClassVar[int]
+    LAST_IMPORT_TEXT_FIELD_NUMBER: _ClassVar[int]
+    exports: int
+    imports: int
+    last_export_bytes: int
+    last_export_sessions: int
+    last_import_bytes: int
+    last_import_sessions: int
+    last_import_kv: int
+    last_import_text: int
+    def __init__(self, exports: _Optional[int] = ..., imports: _Optional[int] = ..., last_export_bytes: _Optional[int] = ..., last_export_sessions: _Optional[int] = ..., last_import_bytes: _Optional[int] = ..., last_import_sessions: _Optional[int] = ..., last_import_kv: _Optional[int] = ..., last_import_text: _Optional[int] = ...) -> None: ...
 
 class FrameReport(_message.Message):
     __slots__ = ("frames", "window_ms", "frame_ms_p50", "frame_ms_p99", "frame_ms_max", "frames_over_budget", "frame_budget_ms", "gpu_frame_ms_p99")

@@ -84,6 +84,16 @@ class SidecarStub:
                 request_serializer=sidecar_dot_api_dot_xlm_dot_v1_dot_sidecar__pb2.FrameReport.SerializeToString,
                 response_deserializer=sidecar_dot_api_dot_xlm_dot_v1_dot_sidecar__pb2.FrameGuardState.FromString,
                 _registered_method=True)
+        self.ExportSessions = channel.unary_stream(
+                '/xlm.v1.Sidecar/ExportSessions',
+                request_serializer=sidecar_dot_api_dot_xlm_dot_v1_dot_sidecar__pb2.ExportSessionsRequest.SerializeToString,
+                response_deserializer=sidecar_dot_api_dot_xlm_dot_v1_dot_sidecar__pb2.ExportSessionsChunk.FromString,
+                _registered_method=True)
+        self.ImportSessions = channel.unary_unary(
+                '/xlm.v1.Sidecar/ImportSessions',
+                request_serializer=sidecar_dot_api_dot_xlm_dot_v1_dot_sidecar__pb2.ImportSessionsRequest.SerializeToString,
+                response_deserializer=sidecar_dot_api_dot_xlm_dot_v1_dot_sidecar__pb2.ImportSessionsResponse.FromString,
+                _registered_method=True)
 
 
 class SidecarServicer:
@@ -164,7 +174,32 @@ class SidecarServicer:
         """How the game's frames went over the last second or so (the Unity and Godot clients send one a
         second by themselves). The frame-time guard keeps the daemon out of the game's way by them:
         fewer threads, shorter passes, pauses between passes. Answers what the guard does now.
-        INVALID_ARGUMENT for impossible figures; RESOURCE_EXHAUSTED past 20 reports a second.
+        Only the game's reports count: from the process the daemon watches (--parent-pid, else the
+        one that launched it) over TCP or the WebSocket bridge, or from a client carrying the game
+        token (XLM_SIDECAR_GAME_TOKEN); PERMISSION_DENIED for any other client, which changes nothing.
+        INVALID_ARGUMENT for impossible figures (frames that cannot fit their window, late frames the
+        times deny); RESOURCE_EXHAUSTED past 20 reports a second from one client.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ExportSessions(self, request, context):
+        """Save games: NPCs' conversations as bytes the game keeps in its own save (the daemon writes no
+        files), with their KV cache when asked. The archive streams in chunks (a KV state is tens of
+        MB); concatenated in order they are the save. NOT_FOUND for an unknown session id.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ImportSessions(self, request, context):
+        """Restore sessions from an archive ExportSessions wrote: each with its KV state where it was
+        saved by a daemon with the same model, context, KV types, prompt layout and llama.cpp build,
+        else rebuilt from its text at its next turn; the answer says which for each. All or nothing:
+        a damaged, truncated, future-version or oversized archive is INVALID_ARGUMENT, ids that exist
+        are INVALID_ARGUMENT unless `replace`, too many sessions RESOURCE_EXHAUSTED, and nothing
+        changes. Archives larger than one message go in parts (upload_id, more).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -222,6 +257,16 @@ def add_SidecarServicer_to_server(servicer, server):
                     servicer.ReportFrames,
                     request_deserializer=sidecar_dot_api_dot_xlm_dot_v1_dot_sidecar__pb2.FrameReport.FromString,
                     response_serializer=sidecar_dot_api_dot_xlm_dot_v1_dot_sidecar__pb2.FrameGuardState.SerializeToString,
+            ),
+            'ExportSessions': grpc.unary_stream_rpc_method_handler(
+                    servicer.ExportSessions,
+                    request_deserializer=sidecar_dot_api_dot_xlm_dot_v1_dot_sidecar__pb2.ExportSessionsRequest.FromString,
+                    response_serializer=sidecar_dot_api_dot_xlm_dot_v1_dot_sidecar__pb2.ExportSessionsChunk.SerializeToString,
+            ),
+            'ImportSessions': grpc.unary_unary_rpc_method_handler(
+                    servicer.ImportSessions,
+                    request_deserializer=sidecar_dot_api_dot_xlm_dot_v1_dot_sidecar__pb2.ImportSessionsRequest.FromString,
+                    response_serializer=sidecar_dot_api_dot_xlm_dot_v1_dot_sidecar__pb2.ImportSessionsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -494,6 +539,60 @@ class Sidecar:
             '/xlm.v1.Sidecar/ReportFrames',
             sidecar_dot_api_dot_xlm_dot_v1_dot_sidecar__pb2.FrameReport.SerializeToString,
             sidecar_dot_api_dot_xlm_dot_v1_dot_sidecar__pb2.FrameGuardState.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ExportSessions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/xlm.v1.Sidecar/ExportSessions',
+            sidecar_dot_api_dot_xlm_dot_v1_dot_sidecar__pb2.ExportSessionsRequest.SerializeToString,
+            sidecar_dot_api_dot_xlm_dot_v1_dot_sidecar__pb2.ExportSessionsChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ImportSessions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/xlm.v1.Sidecar/ImportSessions',
+            sidecar_dot_api_dot_xlm_dot_v1_dot_sidecar__pb2.ImportSessionsRequest.SerializeToString,
+            sidecar_dot_api_dot_xlm_dot_v1_dot_sidecar__pb2.ImportSessionsResponse.FromString,
             options,
             channel_credentials,
             insecure,
