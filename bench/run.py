@@ -74,6 +74,8 @@ SCENARIOS: dict[str, Scenario] = {
                     "host_memory:scenario", suite=False, repeats=2),
     "game": Scenario("a 60 fps game loop's frame times beside 4 NPCs: alone, llama-server, the daemon's frame guard off and on",
                      "game:scenario", "game:options", suite=False, repeats=1),
+    "structured": Scenario("NPC tool calls and JSON replies: jump-forward against token by token and llama-server",
+                           "structured:scenario", "structured:options", suite=False, repeats=3),
     "busy-cpu": Scenario("4 streams beside a busy core: the thread governor against maxCpuThreads 1 by hand",
                          "busy_cpu:scenario", "busy_cpu:options", suite=False),
 }

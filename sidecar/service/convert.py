@@ -245,6 +245,7 @@ def chunk_from_finished(f: Finished) -> pb.GenerateChunk:
                 prompt_tokens=f.usage.prompt_tokens,
                 cached_prompt_tokens=f.usage.cached_prompt_tokens,
                 completion_tokens=f.usage.completion_tokens,
+                forced_tokens=f.usage.forced_tokens,
             ),
             timings=pb.Timings(
                 time_to_first_token_ms=t.time_to_first_token_ms,

@@ -57,6 +57,8 @@ def usage(finals: list[pb.GenerationFinal], n: int = 1) -> dict:
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
         "prompt_tokens_details": {"cached_tokens": sum(f.usage.cached_prompt_tokens for f in firsts)},
+        # Ours: tokens a grammar forced, fed by jump-forward decoding without a pass of their own.
+        "forced_tokens": sum(f.usage.forced_tokens for f in finals),
     }
 
 

@@ -22,6 +22,8 @@ class Usage(_Reply):
     completion_tokens: int
     total_tokens: int
     prompt_tokens_details: PromptTokensDetails
+    # An extension: of completion_tokens, those a grammar forced (jump-forward decoding).
+    forced_tokens: int = 0
 
 
 FinishReason = Literal["stop", "length", "tool_calls"]

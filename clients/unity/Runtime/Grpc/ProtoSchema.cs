@@ -76,6 +76,7 @@ namespace Xlm.Sidecar.Grpc
                     new ProtoField(1, "promptTokens", ProtoType.UInt32, null),
                     new ProtoField(2, "cachedPromptTokens", ProtoType.UInt32, null),
                     new ProtoField(3, "completionTokens", ProtoType.UInt32, null),
+                    new ProtoField(4, "forcedTokens", ProtoType.UInt32, null),
                 }
             },
             { "xlm.v1.Timings", new ProtoField[]
@@ -345,6 +346,8 @@ namespace Xlm.Sidecar.Grpc
                     new ProtoField(2, "tokens", ProtoType.UInt32, null),
                     new ProtoField(3, "lastUsedUnixMs", ProtoType.Int64, null),
                     new ProtoField(4, "inKvCache", ProtoType.Bool, null),
+                    new ProtoField(5, "savedKvBytes", ProtoType.UInt64, null),
+                    new ProtoField(6, "imported", ProtoType.String, null),
                 }
             },
             { "xlm.v1.Limits", new ProtoField[]
@@ -374,6 +377,7 @@ namespace Xlm.Sidecar.Grpc
                     new ProtoField(50, "prefixCache", ProtoType.Message, "xlm.v1.PrefixCacheStatus"),
                     new ProtoField(40, "profile", ProtoType.Message, "xlm.v1.ProfileProgress"),
                     new ProtoField(13, "frameGuard", ProtoType.Message, "xlm.v1.FrameGuardState"),
+                    new ProtoField(14, "saves", ProtoType.Message, "xlm.v1.SaveActivity"),
                 }
             },
             { "xlm.v1.PrefixCacheStatus", new ProtoField[]
@@ -410,6 +414,55 @@ namespace Xlm.Sidecar.Grpc
             { "xlm.v1.EndSessionResponse", new ProtoField[]
                 {
                     new ProtoField(1, "tokensFreed", ProtoType.UInt32, null),
+                }
+            },
+            { "xlm.v1.ExportSessionsRequest", new ProtoField[]
+                {
+                    new ProtoField(1, "sessionIds", ProtoType.String, null, repeated: true),
+                    new ProtoField(2, "includeKv", ProtoType.Bool, null),
+                }
+            },
+            { "xlm.v1.SavedSessionInfo", new ProtoField[]
+                {
+                    new ProtoField(1, "sessionId", ProtoType.String, null),
+                    new ProtoField(2, "tokens", ProtoType.UInt32, null),
+                    new ProtoField(3, "kvBytes", ProtoType.UInt64, null),
+                    new ProtoField(4, "restored", ProtoType.String, null),
+                    new ProtoField(5, "reason", ProtoType.String, null),
+                }
+            },
+            { "xlm.v1.ExportSessionsChunk", new ProtoField[]
+                {
+                    new ProtoField(1, "data", ProtoType.Bytes, null),
+                    new ProtoField(2, "sessions", ProtoType.Message, "xlm.v1.SavedSessionInfo", repeated: true),
+                    new ProtoField(3, "archiveBytes", ProtoType.UInt64, null),
+                    new ProtoField(4, "last", ProtoType.Bool, null),
+                }
+            },
+            { "xlm.v1.ImportSessionsRequest", new ProtoField[]
+                {
+                    new ProtoField(1, "archive", ProtoType.Bytes, null),
+                    new ProtoField(2, "replace", ProtoType.Bool, null),
+                    new ProtoField(3, "uploadId", ProtoType.String, null),
+                    new ProtoField(4, "more", ProtoType.Bool, null),
+                }
+            },
+            { "xlm.v1.ImportSessionsResponse", new ProtoField[]
+                {
+                    new ProtoField(1, "sessions", ProtoType.Message, "xlm.v1.SavedSessionInfo", repeated: true),
+                    new ProtoField(2, "receivedBytes", ProtoType.UInt64, null),
+                }
+            },
+            { "xlm.v1.SaveActivity", new ProtoField[]
+                {
+                    new ProtoField(1, "exports", ProtoType.UInt64, null),
+                    new ProtoField(2, "imports", ProtoType.UInt64, null),
+                    new ProtoField(3, "lastExportBytes", ProtoType.UInt64, null),
+                    new ProtoField(4, "lastExportSessions", ProtoType.UInt32, null),
+                    new ProtoField(5, "lastImportBytes", ProtoType.UInt64, null),
+                    new ProtoField(6, "lastImportSessions", ProtoType.UInt32, null),
+                    new ProtoField(7, "lastImportKv", ProtoType.UInt32, null),
+                    new ProtoField(8, "lastImportText", ProtoType.UInt32, null),
                 }
             },
             { "xlm.v1.FrameReport", new ProtoField[]
@@ -467,6 +520,8 @@ namespace Xlm.Sidecar.Grpc
             { "Tokenize", new ProtoMethod("/xlm.v1.Sidecar/Tokenize", "xlm.v1.TokenizeRequest", "xlm.v1.TokenizeResponse", false) },
             { "Detokenize", new ProtoMethod("/xlm.v1.Sidecar/Detokenize", "xlm.v1.DetokenizeRequest", "xlm.v1.DetokenizeResponse", false) },
             { "ReportFrames", new ProtoMethod("/xlm.v1.Sidecar/ReportFrames", "xlm.v1.FrameReport", "xlm.v1.FrameGuardState", false) },
+            { "ExportSessions", new ProtoMethod("/xlm.v1.Sidecar/ExportSessions", "xlm.v1.ExportSessionsRequest", "xlm.v1.ExportSessionsChunk", true) },
+            { "ImportSessions", new ProtoMethod("/xlm.v1.Sidecar/ImportSessions", "xlm.v1.ImportSessionsRequest", "xlm.v1.ImportSessionsResponse", false) },
         };
     }
 }

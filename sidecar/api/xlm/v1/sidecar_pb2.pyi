@@ -187,14 +187,16 @@ class ToolCall(_message.Message):
     def __init__(self, name: _Optional[str] = ..., arguments_json: _Optional[str] = ...) -> None: ...
 
 class Usage(_message.Message):
-    __slots__ = ("prompt_tokens", "cached_prompt_tokens", "completion_tokens")
+    __slots__ = ("prompt_tokens", "cached_prompt_tokens", "completion_tokens", "forced_tokens")
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     CACHED_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    FORCED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     prompt_tokens: int
     cached_prompt_tokens: int
     completion_tokens: int
-    def __init__(self, prompt_tokens: _Optional[int] = ..., cached_prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ...) -> None: ...
+    forced_tokens: int
+    def __init__(self, prompt_tokens: _Optional[int] = ..., cached_prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., forced_tokens: _Optional[int] = ...) -> None: ...
 
 class Timings(_message.Message):
     __slots__ = ("time_to_first_token_ms", "prefill_tokens_per_s", "decode_tokens_per_s", "total_ms", "queued_ms")
