@@ -141,6 +141,8 @@ def _every_call(stub: rpc.SidecarStub, **kwargs) -> dict[str, grpc.StatusCode]:
         "Tokenize": lambda: stub.Tokenize(pb.TokenizeRequest(text="hi"), **kwargs),
         "Detokenize": lambda: stub.Detokenize(pb.DetokenizeRequest(tokens=[1]), **kwargs),
         "ReportFrames": lambda: stub.ReportFrames(pb.FrameReport(frames=1, window_ms=16.7), **kwargs),
+        "ExportSessions": lambda: list(stub.ExportSessions(pb.ExportSessionsRequest(), **kwargs)),
+        "ImportSessions": lambda: stub.ImportSessions(pb.ImportSessionsRequest(archive=b"XLMSAVE"), **kwargs),
     }
     codes = {}
     for name, call in calls.items():

@@ -200,8 +200,15 @@ calls = st.one_of(
         "frames": st.integers(0, 2**32 - 1), "windowMs": doubles, "frameMsP50": doubles, "frameMsP99": doubles,
         "frameMsMax": doubles, "framesOverBudget": st.integers(0, 2**32 - 1), "frameBudgetMs": doubles,
         "gpuFrameMsP99": doubles})),
+    # Save games: ids that exist or not, and archives that are noise or a damaged save's start.
+    st.tuples(st.just("ExportSessions"), st.fixed_dictionaries({}, optional={
+        "sessionIds": st.lists(session_ids, max_size=3), "includeKv": st.booleans()})),
+    st.tuples(st.just("ImportSessions"), st.fixed_dictionaries({}, optional={
+        "archive": st.builds(lambda head, tail: base64.b64encode(head + tail).decode(),
+                             st.sampled_from([b"", b"XLMSAVE\x00", b"XLMSAVE\x00\x01\x00\x00\x00"]), st.binary(max_size=120)),
+        "replace": st.booleans(), "uploadId": st.sampled_from(["", "u1", "u" * 65]), "more": st.booleans()})),
 )
-STREAMING = {"Generate", "AskImage", "WatchState"}
+STREAMING = {"Generate", "AskImage", "WatchState", "ExportSessions"}
 
 
 # -- gRPC ---------------------------------------------------------------------------------------------
@@ -243,7 +250,7 @@ def test_grpc_survives_fuzzed_requests(fuzzed: RunningDaemon, call: tuple[str, d
 @settings(FUZZ, max_examples=120)
 # Not SetBudget: bytes that happen to decode could be a valid budget and re-plan the live daemon.
 @given(method=st.sampled_from(["Generate", "GetStatus", "EndSession", "AskImage", "Embed", "Tokenize", "Detokenize",
-                               "ReportFrames"]),
+                               "ReportFrames", "ExportSessions", "ImportSessions"]),
        payload=st.binary(max_size=300))
 def test_grpc_survives_undecodable_bytes(fuzzed: RunningDaemon, method: str, payload: bytes) -> None:
     from sidecar.service.calls import CALLS
