@@ -146,7 +146,7 @@ def _register_optional(sub: argparse._SubParsersAction) -> None:
     # trimmed build (e.g. a frozen game bundle without the profiler) just lacks its command.
     import importlib
 
-    for module in ("sidecar.testmodels.cli", "sidecar.profiler.cli", "sidecar.planner.cli", "sidecar.bench_cli"):
+    for module in ("sidecar.sessions_cli", "sidecar.testmodels.cli", "sidecar.profiler.cli", "sidecar.planner.cli", "sidecar.bench_cli"):
         try:
             register = importlib.import_module(module).register
         except ImportError:

@@ -165,3 +165,25 @@ def test_http_round_trip(before_restart, daemon_b) -> None:
         status, body = _post(f"{base}/v1/sessions/import?replace=true", blob, daemon_b.token, "application/octet-stream")
         assert status == 400, body
         assert json.loads(body)["error"]["type"] == "invalid_request_error"
+
+
+def test_cli_writes_and_restores_a_save_file(before_restart, daemon_b, tmp_path) -> None:
+    import subprocess
+    import sys
+
+    flags = ["--address", daemon_b.address, "--token", daemon_b.token]
+    with daemon_b.client(timeout_s=120) as c:
+        c.import_sessions(before_restart["with_kv"].data, replace=True)
+    save = tmp_path / "slot1.xlms"
+    done = subprocess.run([sys.executable, "-m", "sidecar", "sessions", "export", str(save), "--kv", "--session", "ilsa", *flags],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert save.read_bytes().startswith(b"XLMSAVE") and "ilsa" in done.stdout and "kv" in done.stdout
+    assert [p.name for p in tmp_path.iterdir()] == ["slot1.xlms"], "no temporary file left behind"
+    refused = subprocess.run([sys.executable, "-m", "sidecar", "sessions", "import", str(save), *flags],
+                             capture_output=True, text=True, timeout=120)
+    assert refused.returncode != 0 and "INVALID_ARGUMENT" in refused.stderr and "exist already" in refused.stderr
+    done = subprocess.run([sys.executable, "-m", "sidecar", "sessions", "import", str(save), "--replace", *flags],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "restored: kv" in done.stdout
