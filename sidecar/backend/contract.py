@@ -97,8 +97,9 @@ class ModelOps(Protocol):
 
     def pieces(self, tokens: list[int]) -> list[bytes]: ...
 
-    def embed(self, texts: list[str | list[int]]) -> tuple[list[list[float]], int]:
-        """One unit vector per input (text, or token ids), and the tokens the inputs took."""
+    def embed(self, texts: list[str | list[int]]) -> object:
+        """One unit vector per input (text, or token ids), and the tokens the inputs took, as
+        call_model's result; the work may run in slices between passes (a generator's)."""
         ...
 
 
@@ -125,7 +126,8 @@ class Backend(Protocol):
 
     def call_model(self, run: Callable[[ModelOps], object]) -> Future:
         """Run `run` on the loaded model where that is safe (between passes); the future holds its
-        result. Unimplemented where no model is loaded here (limits.model_calls False)."""
+        result, and cancelling it stops a call already running before its next slice.
+        Unimplemented where no model is loaded here (limits.model_calls False)."""
         ...
 
     def snapshot(self) -> BackendSnapshot: ...

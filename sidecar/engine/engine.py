@@ -110,7 +110,10 @@ class Engine(Admitting, KvResizing, Reloading):
         self._governor = GovernedThreads()
         self._forced_text: ForcedText | None = None  # built on the first grammar request
         self.pass_limiter = PassLimiter()  # the frame guard's (sidecar.guard)
-        self.model_calls = ModelCalls(lambda: self.model, lambda: self._governor.threads(self.config, self.config.threads_prefill))
+        # Embedding passes run between the streams' passes, under the same frame guard.
+        self.model_calls = ModelCalls(lambda: self.model,
+                                      lambda: self._guarded(self._governor.threads(self.config, self.config.threads_prefill)),
+                                      lambda: self.pass_limiter.batch(self.config.n_batch), self.pass_limiter.pause_after)
         self._thread = threading.Thread(target=self._run, name="xlm-engine", daemon=True)
         self.phase = EnginePhase.READY
         self._thread.start()
@@ -160,7 +163,8 @@ class Engine(Admitting, KvResizing, Reloading):
         )
 
     def call_model(self, run: Callable[[ModelCalls], object]) -> Future:
-        """Tokenize, detokenize or embed (model_calls.py) on the engine thread, between passes."""
+        """Tokenize, detokenize or embed (model_calls.py) on the engine thread, between passes;
+        cancelling the future stops an embedding call before its next slice."""
         if self._closing or self.phase is EnginePhase.STOPPED:
             raise Unavailable(f"the engine is {self.phase.value}")
         call = ModelCall(run)
@@ -266,7 +270,7 @@ class Engine(Admitting, KvResizing, Reloading):
                 self._reload_if_wanted(message)
                 continue
             if isinstance(message, ModelCall):
-                message.execute(self.model_calls)
+                self.model_calls.take(message)
                 continue
             self._admit()
             if any(s.busy for s in self._slots):
@@ -274,6 +278,7 @@ class Engine(Admitting, KvResizing, Reloading):
                 self.pool.quiet_since = time.monotonic()
             elif not self._waiting:
                 self._shrink_when_quiet()
+            self.model_calls.advance()  # one slice of an embedding call between two passes
         self._shutdown()
 
     def _next_message(self) -> InboxMessage | None:
@@ -283,7 +288,8 @@ class Engine(Admitting, KvResizing, Reloading):
         # While an image encodes beside the loop, wake often enough to see its question cancelled.
         timeout = 0.05 if self._images.has_work(self._waiting) else self.pool.wait_s()
         try:
-            return self._inbox.get(block=not busy and not self._waiting_admissible(), timeout=timeout)
+            idle = not busy and not self._waiting_admissible() and not self.model_calls.pending
+            return self._inbox.get(block=idle, timeout=timeout)
         except queue.Empty:
             return None
 
@@ -293,6 +299,7 @@ class Engine(Admitting, KvResizing, Reloading):
                 self._finish(slot, FinishReason.CANCELLED)
         while self._waiting:
             self._waiting.popleft().sink(ShuttingDown())
+        self.model_calls.stop_all(ShuttingDown())
         while True:
             try:
                 item = self._inbox.get_nowait()

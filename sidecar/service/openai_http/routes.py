@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
@@ -179,8 +180,10 @@ class OpenAIApi:
     def _stream(self, turns: list[translate.Turn]) -> AsyncIterator[pb.GenerateChunk]:
         # The whole conversation, every turn, as OpenAI clients send it: the backend decides what
         # its session already holds (resent_turns.py), never this transport. Several prompts run
-        # side by side, their choices in OpenAI's order (prompt i's candidate j is i * n + j).
-        streams = [self.core.generate(t.request, image=t.image, resends_history=True) for t in turns]
+        # side by side, their choices in OpenAI's order (prompt i's candidate j is i * n + j), as
+        # one request's generations, which the engine admits in turn with other requests'.
+        group = uuid.uuid4().hex if len(turns) > 1 else ""
+        streams = [self.core.generate(t.request, image=t.image, resends_history=True, group=group) for t in turns]
         return streams[0] if len(streams) == 1 else candidates.merged(streams, stride=turns[0].request.n or 1)
 
     async def _respond(self, request: Request, turns: list[translate.Turn], ids: replies.ReplyIds, stream: bool,
@@ -271,7 +274,9 @@ class OpenAIApi:
     async def embeddings(self, request: Request) -> Response:
         body = self._parse(model_routes.EmbeddingRequest, await self._small_body(request))
         self._check_model(body.model, self.strict_model_names)
-        return JSONResponse(await model_routes.embeddings(self.core, body, self.model_id))
+        # A client that leaves stops the call before its next slice (engine/model_calls.py).
+        work = model_routes.embeddings(self.core, body, self.model_id)
+        return JSONResponse(await until_disconnected(request.receive, work))
 
     async def tokenize(self, request: Request) -> Response:
         body = self._parse(model_routes.TokenizeRequest, await self._small_body(request))
