@@ -92,6 +92,10 @@ class GenerationSpec:
     # One of several candidates for the same prompt submitted together (n > 1): the prompt is
     # computed once, by whichever starts first, and copied to the others (prefix_sharing.py).
     shares_prompt: bool = False
+    # The request this generation is one of (several prompts, or n candidates; "" when alone):
+    # admission takes requests in turn, so one bringing many cannot hold every sequence while a
+    # later NPC's line waits (engine/scheduling/fair_turns.py).
+    group: str = ""
 
     def __post_init__(self) -> None:
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:

@@ -1,9 +1,10 @@
 """Admission: waiting requests bound to free sequences, on the engine thread.
 
-A part of Engine (a mixin, like Reloading): in arrival order, each waiting request gets a
-sequence (slot_choice.py) unless its session is mid-turn, its image is still encoding, or another
-request is computing the prompt prefix it will share (prefix_sharing.py). When requests wait only
-because every sequence is busy, the KV grows (kv_resizing.py).
+A part of Engine (a mixin, like Reloading): requests in turn (fair_turns.py: one that brings many
+generations does not go wholly ahead of a later one), else in arrival order, each waiting request
+gets a sequence (slot_choice.py) unless its session is mid-turn, its image is still encoding, or
+another request is computing the prompt prefix it will share (prefix_sharing.py). When requests
+wait only because every sequence is busy, the KV grows (kv_resizing.py).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from sidecar.backend.prompt_layout import context_tokens
 from sidecar.backend.requests import Job
 from sidecar.engine.finish_report import cancelled_before_start
 from sidecar.engine.prefix.prefix_sharing import shareable_tokens
+from sidecar.engine.scheduling.fair_turns import fair_order
 from sidecar.engine.scheduling.resent_admission import resolve_waiting, still_resolved
 from sidecar.engine.scheduling.slot_choice import choose_slot, evict
 from sidecar.errors import EngineFailure, SidecarError
@@ -30,7 +32,7 @@ class Admitting:
         return any(not self._images.pending(j) for j in self._waiting) and any(not s.busy for s in self._slots)
 
     def _admit(self) -> None:
-        """Bind waiting requests to free sequences, in arrival order; a request whose session is
+        """Bind waiting requests to free sequences, requests in turn; a request whose session is
         mid-turn elsewhere waits for that turn to end."""
         self._shrink_to_ceiling()
         for job, error in resolve_waiting(self._waiting, self._slots, self.sessions):
@@ -38,11 +40,11 @@ class Admitting:
         self._plan_sharing()
         self._images.poll(self._waiting, max(t for _, t in self.config.tier_threads), self.config.threads_decode,
                           decoding=any(s.busy for s in self._slots))
-        still_waiting: deque[Job] = deque()
+        arrived = list(self._waiting)
+        still_waiting: list[Job] = []
         encoding_sessions: set[str] = set()  # a session's later turns wait for its image's turn
         blocked = 0  # requests that wait only because every sequence is busy
-        while self._waiting:
-            job = self._waiting.popleft()
+        for job in fair_order(arrived, self._slots):
             if job.cancelled:
                 job.sink(cancelled_before_start(job))
                 continue
@@ -72,7 +74,8 @@ class Admitting:
             except Exception as e:  # one bad request must not take the engine down
                 log.exception("request failed to start", request_id=job.spec.request_id)
                 job.sink(EngineFailure(f"internal error: {type(e).__name__}: {e}"))
-        self._waiting = still_waiting
+        kept = {id(j) for j in still_waiting}
+        self._waiting = deque(j for j in arrived if id(j) in kept)  # arrival order, for the next turns
         if self._grow_for(blocked):
             self._admit()  # the new sequences are free: the waiting start now
 

@@ -2,12 +2,14 @@
 
 The candidates are submitted together as one-offs marked shares_prompt, so the engine computes
 the prompt once and copies it to the others (prefix_sharing.py). With a fixed seed each candidate
-samples with its own (seed + index), or every candidate would be the same line.
+samples with its own (seed + index), or every candidate would be the same line. They are one
+request's (GenerationSpec.group), which the engine admits in turn with the others.
 """
 
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 
@@ -24,9 +26,10 @@ def candidate_specs(spec: GenerationSpec, n: int) -> list[GenerationSpec]:
         return s if s.seed is None else replace(s, seed=(s.seed + i) % _SEEDS)
 
     # One-offs: no session (candidates.candidates refuses one), and a resent conversation is
-    # simply the whole prompt.
+    # simply the whole prompt. Several prompts' candidates come with their request's group.
+    group = spec.group or uuid.uuid4().hex
     return [replace(spec, sampling=sampling(i), shares_prompt=True, resends_history=False, session_id="",
-                    request_id=f"{spec.request_id}#{i}" if spec.request_id else "") for i in range(n)]
+                    request_id=f"{spec.request_id}#{i}" if spec.request_id else "", group=group) for i in range(n)]
 
 
 async def merged(streams: list[AsyncIterator[pb.GenerateChunk]], stride: int = 1) -> AsyncIterator[pb.GenerateChunk]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import psutil
 import structlog
@@ -90,13 +90,16 @@ class SidecarService:
         return self.ready_backend().limits
 
     async def generate(self, request: pb.GenerateRequest, *, image: bytes | None = None,
-                       resends_history: bool = False) -> AsyncIterator[pb.GenerateChunk]:
+                       resends_history: bool = False, group: str = "") -> AsyncIterator[pb.GenerateChunk]:
         """Stream a generation: every transport's one way in. `image` is an encoded PNG or JPEG
         for the conversation's last image (an OpenAI chat turn); `resends_history` says the
-        messages are the whole conversation, which the backend matches against its session.
+        messages are the whole conversation, which the backend matches against its session;
+        `group` names the request it is one of (several prompts; GenerationSpec.group).
         Stopping iteration early (client gone) cancels the backend job."""
         n = token_controls.candidates(request)
         spec = await self.spec_for(request, image=image, resends_history=resends_history)
+        if group:
+            spec = replace(spec, group=group)
         calls = request.tools and request.tool_choice != "none"
         replies: dict[int, list[str]] = {}
         chunks = self._stream(spec) if n == 1 else candidates.fan_out(spec, n, self._stream)

@@ -29,7 +29,7 @@ from sidecar.service.openai_http.request_models import (
     NO_LIMIT,
     _Sampling,
 )
-from sidecar.service.token_controls import token_id_key
+from sidecar.service.token_controls import MAX_CANDIDATES, token_id_key
 
 _DATA_URL = re.compile(r"data:image/(png|jpeg|jpg);base64,(.*)", re.DOTALL)
 
@@ -125,15 +125,23 @@ def completion_requests(body: CompletionRequest, session_id: str, max_tokens_lim
 
 
 def prompt_texts(body: CompletionRequest) -> tuple[list[str], list[list[int]]]:
-    """(text prompts, token-id prompts): one of the two is empty."""
+    """(text prompts, token-id prompts): one of the two is empty. Prompts times n is bounded as n
+    alone is: each generation holds a sequence, and 16 prompts of n 16 (256) took the whole queue."""
     p = body.prompt
     if isinstance(p, str):
-        return [p], []
-    if isinstance(p[0], str):
-        return list(p), []
-    if isinstance(p[0], int):
-        return [], [list(p)]
-    return [], [list(q) for q in p]
+        texts, ids = [p], []
+    elif isinstance(p[0], str):
+        texts, ids = list(p), []
+    elif isinstance(p[0], int):
+        texts, ids = [], [list(p)]
+    else:
+        texts, ids = [], [list(q) for q in p]
+    prompts, n = len(texts) + len(ids), body.n or 1
+    if prompts * n > MAX_CANDIDATES:
+        raise InvalidArgument(f"{prompts} prompts with n {n} ask for {prompts * n} completions; at most "
+                              f"{MAX_CANDIDATES} per request (prompts x n, as for n alone): send fewer prompts, "
+                              f"or several requests")
+    return texts, ids
 
 
 def _session(body: _Sampling, session_id: str) -> str:
