@@ -76,6 +76,8 @@ SCENARIOS: dict[str, Scenario] = {
                      "game:scenario", "game:options", suite=False, repeats=1),
     "structured": Scenario("NPC tool calls and JSON replies: jump-forward against token by token and llama-server",
                            "structured:scenario", "structured:options", suite=False, repeats=3),
+    "save-games": Scenario("16 NPCs saved with and without KV, a restart, restored against rebuilt and resent in full",
+                           "save_games:scenario", "save_games:options", suite=False, repeats=None),
     "busy-cpu": Scenario("4 streams beside a busy core: the thread governor against maxCpuThreads 1 by hand",
                          "busy_cpu:scenario", "busy_cpu:options", suite=False),
 }
