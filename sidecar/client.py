@@ -290,7 +290,7 @@ class SidecarClient:
     def export_sessions(self, session_ids: list[str] | None = None, *, include_kv: bool = False) -> SavedArchive:
         """Save games: the conversations of `session_ids` (every session when None) as bytes for
         the game's own save, with their KV caches when `include_kv`."""
-        request = pb.ExportSessionsRequest(session_ids=session_ids or [], include_kv=include_kv)
+        request = pb.ExportSessionsRequest(session_ids=session_ids or [], include_kv=include_kv, chunk_bytes=3 << 20)
         parts, last = [], None
         for chunk in self._stub.ExportSessions(request, timeout=self.timeout_s):
             parts.append(chunk.data)

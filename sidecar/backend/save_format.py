@@ -59,7 +59,7 @@ ROLES = frozenset({"system", "user", "assistant", "tool"})
 # with KV is stored as is unless a sample of it shrinks by this share.
 ZLIB_LEVEL = 1
 COMPRESS_IF_BELOW = 0.8
-_SAMPLE = 1 << 20
+_SAMPLE = 64 << 10
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from sidecar.service.request_checks import check_session_id
 log = structlog.get_logger("service")
 
 CHUNK_BYTES = 1 << 20
+MIN_CHUNK_BYTES, MAX_CHUNK_BYTES = 64 << 10, 3 << 20
 MAX_UPLOADS = 4
 UPLOAD_IDLE_S = 120.0
 MAX_UPLOAD_ID = 64
@@ -71,6 +72,9 @@ class SessionSaves:
         backend = self._backend()
         for sid in request.session_ids:
             check_session_id(sid)
+        step = request.chunk_bytes or CHUNK_BYTES
+        if not MIN_CHUNK_BYTES <= step <= MAX_CHUNK_BYTES:
+            raise InvalidArgument(f"chunk_bytes {step} is out of range ({MIN_CHUNK_BYTES} to {MAX_CHUNK_BYTES}; 0 for 1 MiB)")
         await asyncio.to_thread(model_digest, backend.config.model_path)  # read once, off the engine thread
         archive, infos = await asyncio.wrap_future(backend.export_sessions(list(request.session_ids), request.include_kv))
         blob = await asyncio.to_thread(seal, archive)
@@ -81,9 +85,9 @@ class SessionSaves:
         self.activity.last_export_bytes, self.activity.last_export_sessions = len(blob), len(archive.sessions)
         log.info("sessions exported", sessions=len(archive.sessions), bytes=len(blob), include_kv=request.include_kv)
         view = memoryview(blob)
-        starts = range(0, len(blob), CHUNK_BYTES)
+        starts = range(0, len(blob), step)
         for start in starts[:-1]:
-            yield pb.ExportSessionsChunk(data=bytes(view[start:start + CHUNK_BYTES]))
+            yield pb.ExportSessionsChunk(data=bytes(view[start:start + step]))
         yield pb.ExportSessionsChunk(data=bytes(view[starts[-1]:]), sessions=[info_pb(i) for i in infos],
                                      archive_bytes=len(blob), last=True)
 

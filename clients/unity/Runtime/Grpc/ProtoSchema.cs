@@ -420,6 +420,7 @@ namespace Xlm.Sidecar.Grpc
                 {
                     new ProtoField(1, "sessionIds", ProtoType.String, null, repeated: true),
                     new ProtoField(2, "includeKv", ProtoType.Bool, null),
+                    new ProtoField(3, "chunkBytes", ProtoType.UInt32, null),
                 }
             },
             { "xlm.v1.SavedSessionInfo", new ProtoField[]

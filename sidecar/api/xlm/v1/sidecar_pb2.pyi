@@ -724,12 +724,14 @@ class EndSessionResponse(_message.Message):
     def __init__(self, tokens_freed: _Optional[int] = ...) -> None: ...
 
 class ExportSessionsRequest(_message.Message):
-    __slots__ = ("session_ids", "include_kv")
+    __slots__ = ("session_ids", "include_kv", "chunk_bytes")
     SESSION_IDS_FIELD_NUMBER: _ClassVar[int]
     INCLUDE_KV_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
     session_ids: _containers.RepeatedScalarFieldContainer[str]
     include_kv: bool
-    def __init__(self, session_ids: _Optional[_Iterable[str]] = ..., include_kv: _Optional[bool] = ...) -> None: ...
+    chunk_bytes: int
+    def __init__(self, session_ids: _Optional[_Iterable[str]] = ..., include_kv: _Optional[bool] = ..., chunk_bytes: _Optional[int] = ...) -> None: ...
 
 class SavedSessionInfo(_message.Message):
     __slots__ = ("session_id", "tokens", "kv_bytes", "restored", "reason")
