@@ -98,34 +98,41 @@ def scenario(args: argparse.Namespace) -> dict:
     grammars = {case: json_schema_grammar(json.dumps(schema)) for case, (_, schema) in CASES.items()}
     streams = [int(s) for s in args.streams.split(",")]
     repeats = args.repeats or 3
+    # Threads fixed, so no profile is needed; without a stored one, off: an idle daemon would
+    # measure one while the other sides run.
     flags = ("--model", str(args.model_path), "--threads", str(THREADS), "--parallel", str(max(streams)),
-             "--no-frame-guard", *common.profile_flags())
+             "--no-frame-guard", *(common.profile_flags() or ["--profile", "off"]))
     sides = {"daemon, jump-forward": flags, "daemon, token by token": (*flags, "--no-jump-forward")}
+    # Every side is up at once, idle while another runs, and the repeats alternate their order:
+    # on a shared machine a disturbance then lands on no side in particular.
+    servers: dict[str, tuple[str, dict | None]] = {}
+    daemons, peer = [], None
     rows: list[dict] = []
-    with httpx.Client() as http:
+    try:
         for side, side_flags in sides.items():
             daemon = start_daemon(*side_flags)
-            try:
-                listening = next(e for e in daemon.log_lines if e.get("event") == "listening")
-                base, headers = listening["http_address"], {"Authorization": f"Bearer {daemon.token}"}
-                _round(http, "warm-up", base, headers, 1, grammars)  # each grammar checked once
-                for _ in range(repeats):
-                    for n in streams:
-                        rows += _round(http, side, base, headers, n, grammars)
-            finally:
-                stop_daemon(daemon)
+            daemons.append(daemon)
+            listening = next(e for e in daemon.log_lines if e.get("event") == "listening")
+            servers[side] = (listening["http_address"], {"Authorization": f"Bearer {daemon.token}"})
         binary = common.find_llama_binary("llama-server", args.llama_bin)
         if binary is None:
             print("llama-server not found (PATH, $LLAMA_CPP_BIN or --llama-bin): its side is skipped")
         else:
             peer = common.start_llama_server(binary, args.model_path, THREADS, max(streams), 2048)
-            try:
-                _round(http, "warm-up", peer.base_url, None, 1, grammars)
-                for _ in range(repeats):
-                    for n in streams:
-                        rows += _round(http, "llama-server", peer.base_url, None, n, grammars)
-            finally:
-                peer.stop()
+            servers["llama-server"] = (peer.base_url, None)
+        with httpx.Client() as http:
+            for base, headers in servers.values():
+                _round(http, "warm-up", base, headers, 1, grammars)  # each grammar checked once
+            order = list(servers)
+            for i in range(repeats):
+                for n in streams:
+                    for side in (order if i % 2 == 0 else order[::-1]):
+                        rows += _round(http, side, *servers[side], n, grammars)
+    finally:
+        for daemon in daemons:
+            stop_daemon(daemon)
+        if peer is not None:
+            peer.stop()
     return _report(rows, streams)
 
 

@@ -144,3 +144,18 @@ def test_without_jump_forward_no_token_is_forced(engine: Engine) -> None:
     spec = ask("Act.", grammar=json_schema_grammar(json.dumps(SCHEMAS["npc state"])))
     _, final = run(engine, spec, jump=False)
     assert final.usage.forced_tokens == 0
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, SamplingConfig(temperature=0.0)], ids=["greedy", "greedy, penalties"])
+def test_the_grammar_shortlist_chooses_as_the_whole_vocabulary_mask(engine: Engine, monkeypatch, sampling) -> None:
+    """sample() asks the grammar about the 256 likeliest tokens before masking all 49k; under
+    greedy its choice must be the full mask's. Same engine, threads and pass layout (jump-forward
+    off both times, the prompt cached both times), so the logits are the same: the texts must be."""
+    from sidecar.engine import sampler_chain
+
+    spec = ask("Act now.", grammar=json_schema_grammar(json.dumps(SCHEMAS["one of three tools"])), sampling=sampling)
+    run(engine, spec, jump=False)  # the prompt cached for both runs below
+    shortlisted, _ = run(engine, spec, jump=False)
+    monkeypatch.setattr(sampler_chain.SamplerChain, "_sample_shortlist", lambda self, ctx, index: None)
+    masked, _ = run(engine, spec, jump=False)
+    assert shortlisted == masked

@@ -44,8 +44,16 @@ class TokenCandidates:
     def fill_from_logits(self, ctx: object, index: int) -> None:
         """The logits of output `index` of the last decode."""
         self._reset()
-        logits = llama_cpp.llama_get_logits_ith(ctx, index)
-        self._view["logit"] = np.ctypeslib.as_array(logits, shape=(self.n_vocab,))
+        self._view["logit"] = self.logits(ctx, index)
+
+    def logits(self, ctx: object, index: int) -> np.ndarray:
+        """A view (not a copy) of the logits of output `index` of the last decode."""
+        return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, index), shape=(self.n_vocab,))
+
+    def fill_some(self, ids: np.ndarray, logits: np.ndarray) -> None:
+        """Only these tokens (at most the array's size), with these logits."""
+        self.fill_ids(ids)
+        self._view["logit"][: len(ids)] = logits
 
     def fill_flat(self, banned: np.ndarray | None = None) -> None:
         """Every token equally likely, but `banned` ones (-inf, as a logit bias of -100 makes them)."""
@@ -76,6 +84,10 @@ class TokenCandidates:
             return None
         chosen = self.array.data[index]
         return int(chosen.id) if math.isfinite(chosen.logit) else None
+
+    def selected_logit(self) -> float:
+        """The logit of the selected candidate as the samplers left it (biased, penalized)."""
+        return float(self.array.data[self.array.selected].logit)
 
     def allowed_ids(self) -> np.ndarray:
         """Ids of the tokens still possible (finite logit) after a grammar's apply on fill_flat."""
