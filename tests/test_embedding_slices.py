@@ -93,3 +93,18 @@ def test_what_one_call_may_carry_is_bounded(engine: Engine) -> None:
     # The engine is none the worse for it: 256 one-token lines go in a few packed slices.
     (vectors, tokens) = call(engine, lambda m: m.embed(["hi"] * 256))
     assert len(vectors) == 256 and tokens == 256 * len(call(engine, lambda m: m.tokenize("hi", True, False)))
+
+
+def test_a_reload_between_slices_starts_the_input_in_progress_again(engine: Engine) -> None:
+    """A reload frees the embedding context with the model: the input whose chunks it held is fed
+    again on the new one, and every vector is as it is alone."""
+    long = tokens_of(engine, 300)
+    (alone, _) = call(engine, lambda m: m.embed([long]))
+    future = engine.call_model(lambda m: m.embed([long] * 3))
+    while not future.running():
+        time.sleep(0.005)
+    time.sleep(0.2)
+    assert engine.reload(engine.config, force=True).result(timeout=120)[0]
+    (vectors, tokens) = future.result(timeout=120)
+    assert tokens == 3 * len(long)
+    assert all(float(np.dot(v, alone[0])) > 0.9999 for v in vectors)
