@@ -121,7 +121,7 @@ class _Probe:
         compile_ms = (time.thread_time() - started) * 1000.0
         if not sampler:
             said = " ".join(line.strip() for line in self.log_lines if line.strip())[:300]
-            return _refused("llama.cpp could not parse the grammar (GBNF with a `root` rule; see llama.cpp's "
+            return _refused("the grammar could not be parsed by llama.cpp (GBNF with a `root` rule; see llama.cpp's "
                             "grammars/README.md)" + (f": {said}" if said else ""))
         try:
             if compile_ms > COMPILE_LIMIT_MS:
