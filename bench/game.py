@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import subprocess
 import sys
 import tempfile
@@ -155,9 +156,13 @@ def _side(args, side: str, units: int, threads: int, seconds: float, folder: Pat
     try:
         if side.startswith("guard on (reports)"):
             # The game must know the daemon's address before its frames start: the daemon first.
+            # So the daemon's parent is this harness, not the game: the game reports with the game
+            # token, as a launcher names a game that did not start the daemon itself.
             flags = ["--frame-guard-priority", "low"] if side.endswith("nice 19") else []
-            daemon = start_daemon("--model", str(model), *common.profile_flags(), "--stream-interval-ms", "33", *flags)
-            game, start_file, out = _game(args, units, threads, seconds, folder, daemon.address, daemon.token)
+            game_token = secrets.token_urlsafe(24)
+            daemon = start_daemon("--model", str(model), *common.profile_flags(), "--stream-interval-ms", "33", *flags,
+                                  env={"XLM_SIDECAR_GAME_TOKEN": game_token})
+            game, start_file, out = _game(args, units, threads, seconds, folder, daemon.address, game_token)
         else:
             game, start_file, out = _game(args, units, threads, seconds, folder, None, None)
         if side.startswith("llama-server"):
@@ -191,7 +196,10 @@ def _side(args, side: str, units: int, threads: int, seconds: float, folder: Pat
                 guard = c.status().frame_guard
         game.wait(seconds + 60)
         t1 = time.perf_counter()
-        figures = _frame_figures(json.loads(out.read_text()), args.fps)
+        played = json.loads(out.read_text())
+        figures = _frame_figures(played, args.fps)
+        if "report_errors" in played:  # the game's reports the daemon refused or did not answer
+            figures["report_errors"] = played["report_errors"]
         figures["tokens_per_s"] = load.rate(t0, t1) if load else 0.0
         if load is not None:
             load.close()

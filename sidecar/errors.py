@@ -29,6 +29,11 @@ class NotFound(SidecarError):
     """The request names something the daemon does not have, e.g. an unknown session."""
 
 
+class PermissionDenied(SidecarError):
+    """The caller holds the token but this call is not its to make: frame reports from a client
+    that is not the game (sidecar/guard/game_clients.py)."""
+
+
 class FailedPrecondition(SidecarError):
     """The daemon lacks a part the request needs, e.g. a vision projector."""
 

@@ -50,7 +50,7 @@ async def serve_local(settings: Settings, lifecycle: DaemonLifecycle, ready: asy
     settings.sequences()  # and so does a RAM budget too small for the model
     info = ServiceInfo(
         __version__, (), settings.max_message_bytes, settings.stream_interval_ms / 1000.0, settings.max_image_bytes,
-        settings.ram_budget_bytes, settings.vision_reserved_bytes,
+        settings.ram_budget_bytes, settings.vision_reserved_bytes, game_pid=settings.game_pid,
     )
     service = SidecarService(None, budget, info)
     transports = await start_transports(service, settings, lifecycle.authenticator, serving=False)
@@ -123,7 +123,7 @@ def _start_frame_guard(settings: Settings, service: SidecarService, engine: Engi
     service.frame_guard = FrameGuard(
         GuardSettings(frame_budget_ms=settings.frame_budget_ms, priority=settings.frame_guard_priority),
         settings.frame_guard,
-        settings.parent_pid or os.getppid(), engine.set_pass_limits, lambda: engine.pass_limiter.last_pause_ms,
+        settings.game_pid, engine.set_pass_limits, lambda: engine.pass_limiter.last_pause_ms,
     )
     return asyncio.create_task(service.frame_guard.run(), name="frame-guard")
 

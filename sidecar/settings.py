@@ -6,6 +6,7 @@ XLM_SIDECAR_BUDGET=3G, set by a launching game), then these defaults.
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Annotated, Literal
@@ -81,6 +82,10 @@ class Settings(BaseSettings):
         (), description="web origins whose pages may call the HTTP API (CORS), exact, e.g. http://localhost:8080; comma-separated")
     # Only from the environment (XLM_SIDECAR_TOKEN, set by the launching game): a flag would show in `ps`.
     token: SecretStr | None = Field(None, description="the token calls must carry; default: a random one per launch")
+    # Environment only too (XLM_SIDECAR_GAME_TOKEN), and never written to the token file: the tools
+    # that read that file are not the game (sidecar/guard/game_clients.py).
+    game_token: SecretStr | None = Field(None, description="a second token, which marks the client that carries it as the game: "
+                                         "its frame reports steer the frame guard from any process")
     token_file: Path | None = Field(None, description="where to write the token (owner-only); default: in the user's runtime folder")
     parent_pid: int | None = Field(None, ge=1, description="exit when this process (the game) ends")
     grace_seconds: float = Field(5.0, ge=0, le=3600, description="how long in-flight calls may finish after SIGTERM/SIGINT")
@@ -184,6 +189,12 @@ class Settings(BaseSettings):
 
         held = self.prefix_cache_mb << 20
         return min(held, int(self.ram_budget_bytes * PREFIX_SHARE)) if self.ram_budget_bytes else held
+
+    @property
+    def game_pid(self) -> int:
+        """The game's process, which the frame guard watches and whose frame reports alone count:
+        --parent-pid, else the process that started the daemon (a game that launches it)."""
+        return self.parent_pid or os.getppid()
 
     @property
     def budget_value(self) -> Budget:

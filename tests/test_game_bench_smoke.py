@@ -30,5 +30,6 @@ def test_the_game_scenario_runs_every_side_and_writes_its_figures(tmp_path: Path
             assert figures["tokens_per_s"] > 0 and figures["npc_errors"] == 0, (name, figures)
     assert sides["guard off"][0]["guard"]["source"] == "off"
     assert sides["guard on (reports)"][0]["guard"]["source"] == "frame reports"
+    assert sides["guard on (reports)"][0]["report_errors"] == 0  # the game's reports count (game token)
     assert sides["guard on (watching)"][0]["guard"]["source"] == "watching the game process"
     assert "game on 1 thread(s)" in done.stdout

@@ -14,9 +14,11 @@ So the levers, in the order they are pulled:
 3. With frame reports, feedback on top: while frames run past their budget the guard steps up one
    level every `step_up_s`; after `step_down_s` of clean frames it steps one back. Levels: one
    thread fewer; passes of at most `short_pass_tokens` tokens (a long prefill split so no pass holds
-   a core for long); a pause after each pass of half its time, then of its whole time. The pause is
-   bounded there: the NPCs keep at least about half of what they had, the game never starves them
-   to nothing, nor they it.
+   a core for long); a pause after each pass of half its time, then of its whole time. The ladder
+   has a floor: together its steps leave the NPCs at least `npc_floor` (half) of the speed that what
+   the watch measured leaves them (the cores the game really keeps busy are not theirs to keep), so
+   a pause is shortened, or dropped, where a thread fewer already costs that much. The game never
+   starves them to nothing, nor they it. Reports alone never take the idle scheduling class.
 
 The GPU side would add observations (the game's GPU frame time, VRAM pressure, NVML utilisation)
 and levers (a lower token tier, fewer layers streamed per pass) to the same ladder.
@@ -46,6 +48,9 @@ class GuardSettings:
     # The idle class cannot be left, so "auto" takes it only when the need lasts this long (a start,
     # a scene load or one bad window is no reason to keep it for the daemon's whole life).
     idle_after_s: float = 5.0
+    # The ladder's floor: the share of the speed the measured load leaves the NPCs that its steps
+    # together keep (README: "the NPCs keep at least about half").
+    npc_floor: float = 0.5
 
 
 @dataclass(frozen=True)
@@ -100,14 +105,19 @@ class GuardState:
     fills_since_s: float | None = None  # since when the game fills every core or its frames run late
     changes: int = 0
     reports: int = 0
+    # The last report came from the watched process itself: the watch sees its threads, so nothing
+    # is inferred from its frames.
+    reporter_watched: bool = False
 
 
 def budget_ms(settings: GuardSettings, window: FrameWindow | None) -> float:
     return window.budget_ms if window is not None and window.budget_ms > 0 else settings.frame_budget_ms
 
 
-def on_report(state: GuardState, window: FrameWindow, now_s: float, settings: GuardSettings, cores: int) -> GuardState:
-    """A frame report: step the level up while frames run late, down after a clean stretch."""
+def on_report(state: GuardState, window: FrameWindow, now_s: float, settings: GuardSettings, cores: int, *,
+              watched: bool = False) -> GuardState:
+    """A frame report (the game's: guard_task.py refuses any other's): step the level up while
+    frames run late, down after a clean stretch. `watched`: it came from the watched process."""
     budget = budget_ms(settings, window)
     bad = window.over_budget > settings.bad_share * window.frames or window.p99_ms > budget
     clean = window.over_budget == 0 and window.p99_ms <= 0.85 * budget
@@ -127,12 +137,17 @@ def on_report(state: GuardState, window: FrameWindow, now_s: float, settings: Gu
         clean_since = None
     stepped = level != state.level
     state = replace(state, level=level, clean_since_s=clean_since, last_window=window, last_report_s=now_s,
-                    reports=state.reports + 1, last_step_s=now_s if stepped else state.last_step_s)
+                    reports=state.reports + 1, last_step_s=now_s if stepped else state.last_step_s,
+                    reporter_watched=watched)
     return decide(state, now_s, settings, cores)
 
 
 def on_load(state: GuardState, load: GameLoad, now_s: float, settings: GuardSettings, cores: int) -> GuardState:
     return decide(replace(state, load=load), now_s, settings, cores)
+
+
+def _whole_cores(busy: float) -> int:
+    return round(busy) if busy >= 0.5 else 0
 
 
 def decide(state: GuardState, now_s: float, settings: GuardSettings, cores: int) -> GuardState:
@@ -142,9 +157,12 @@ def decide(state: GuardState, now_s: float, settings: GuardSettings, cores: int)
     level = state.level if reporting else 0
     other_cores = load.other_busy_cores
     game_threads = load.game_busy_threads
-    if reporting and state.last_window is not None and not game_threads:
+    # What the watch measured, whatever the reports say: the idle class and the ladder's floor go by it.
+    measured = game_threads + _whole_cores(other_cores)
+    if reporting and state.last_window is not None and not game_threads and not state.reporter_watched:
         # A game that reports frames with real work in them has at least its main thread busy, even
-        # where its process is not the one we watch (launched by a launcher, or by hand).
+        # where its process is not the one we watch (it reports with the game token from another
+        # process). Not from the watched process itself: there the watch sees its threads.
         w = state.last_window
         share = w.p50_ms / budget_ms(settings, w)
         game_threads = 1 if share >= settings.busy_thread_share else 0
@@ -152,7 +170,7 @@ def decide(state: GuardState, now_s: float, settings: GuardSettings, cores: int)
             # The watched process (if any) shows no busy thread, so the reporting game is another
             # process, counted among the machine's others: not counted twice.
             other_cores = max(0.0, other_cores - min(share, 1.0))
-    others = round(other_cores) if other_cores >= 0.5 else 0
+    others = _whole_cores(other_cores)
     taken = game_threads + others
     threads = max(1, cores - taken) if taken else 0
     why = []
@@ -165,18 +183,31 @@ def decide(state: GuardState, now_s: float, settings: GuardSettings, cores: int)
     if level >= 1:
         threads = max(1, (threads or cores) - 1)
     tokens = settings.short_pass_tokens if level >= 2 else 0
-    pause = {3: 0.5, 4: 1.0}.get(level, 0.0)
+    ladder_pause = {3: 0.5, 4: 1.0}.get(level, 0.0)
+    # The floor: the threads the reports took (a step, an inferred main thread) and the pause
+    # together keep the NPCs npc_floor of what the measured load leaves them. Threads are counted
+    # as if the speed followed them (it follows them less: a safe side), a pause of r as 1/(1+r).
+    free = max(1, cores - measured) if measured else cores
+    if threads:
+        threads = max(threads, math.ceil(settings.npc_floor * free - 1e-9))
+    kept = min(threads or cores, free) / free
+    pause = min(ladder_pause, max(0.0, kept / settings.npc_floor - 1.0))
     if reporting and state.last_window is not None:
         w = state.last_window
         why.append(f"frames p99 {w.p99_ms:.1f} ms, {w.over_budget}/{w.frames} over {budget_ms(settings, w):.1f} ms"
                    + (f" (level {level})" if level else ""))
-    # The idle class only where the daemon must share a core with the game: beside a game that
-    # leaves a core free it cost the game's p99 frame time (bench/run.py game, one game thread on 2
-    # cores: 12.8-13.4 ms against 10.6-11.4 at nice 19; the OS counts a core running only idle-class
-    # threads as free, and wakes the game's thread there, off its warm cache), where beside a game
-    # on every core it cut late frames from 8-10% to 1.3-1.4%. It cannot be left without
-    # privilege, so once taken it is kept.
-    fills = taken >= cores or level >= 2
+        if pause < ladder_pause:
+            why.append(f"pauses held to {pause:.2f} of a pass: the NPCs keep at least {settings.npc_floor:.0%} "
+                       "of their speed")
+    # The idle class only where the daemon must share a core with the game, as the watch measures
+    # it (the game, or anything else, keeps every core busy): beside a game that leaves a core free
+    # it cost the game's p99 frame time (bench/run.py game, one game thread on 2 cores: 12.8-13.4
+    # ms against 10.6-11.4 at nice 19; the OS counts a core running only idle-class threads as
+    # free, and wakes the game's thread there, off its warm cache), where beside a game on every
+    # core it cut late frames from 8-10% to 1.3-1.4%. Late frames alone do not take it: they say
+    # nothing of a core being shared, and it cannot be left without privilege, so once taken it is
+    # kept for the daemon's life.
+    fills = measured >= cores
     fills_since = (state.fills_since_s if state.fills_since_s is not None else now_s) if fills else None
     lasting = fills_since is not None and now_s - fills_since >= settings.idle_after_s
     idle = settings.priority == "idle" or (settings.priority == "auto" and lasting) or state.limits.idle_class

@@ -16,7 +16,7 @@ import psutil
 import structlog
 
 from sidecar.api import pb
-from sidecar.errors import InvalidArgument, ResourceExhausted
+from sidecar.errors import InvalidArgument, PermissionDenied, ResourceExhausted
 from sidecar.guard.frame_guard import (
     FrameWindow,
     GameLoad,
@@ -27,15 +27,24 @@ from sidecar.guard.frame_guard import (
     on_load,
     on_report,
 )
+from sidecar.guard.game_clients import GameClients
 from sidecar.guard.priority import LowPriority
+from sidecar.service.caller import Caller
 
 log = structlog.get_logger("guard")
 
 WATCH_INTERVAL_S = 0.5
 # A game sends one report a second; a burst above this is a bug or a flood, refused so that the
-# guard's decisions (and the event loop) cannot be driven from outside.
+# guard's decisions (and the event loop) cannot be driven from outside. Per client: one client's
+# flood must not use up the game's allowance.
 REPORTS_PER_S = 20.0
 MAX_FRAME_MS = 60_000.0
+# No game loop turns faster (100,000 frames a second): frames that would have to be shorter than
+# this to fit their window are made up.
+MIN_FRAME_MS = 0.01
+# The window and the frame times may come from different clocks (a loop measuring its work, a
+# window timed around it) and be rounded: a little room before a report is called impossible.
+WINDOW_SLACK, WINDOW_SLACK_MS = 1.25, 2.0
 
 
 def check_report(report: pb.FrameReport) -> FrameWindow:
@@ -55,13 +64,43 @@ def check_report(report: pb.FrameReport) -> FrameWindow:
     if report.frames_over_budget > report.frames:
         raise InvalidArgument(f"frames_over_budget ({report.frames_over_budget}) cannot exceed frames ({report.frames})")
     if report.frame_ms_p50 > report.frame_ms_p99 or (report.frame_ms_max and report.frame_ms_p99 > report.frame_ms_max):
-        raise InvalidArgument("frame times must satisfy p50 <= p99 <= max")
-    # The frames must fit in the window (at a frame time of at least the median): a report of 1000
-    # frames of 16 ms in a one-second window is not a measurement.
-    if report.frames * report.frame_ms_p50 > 1.5 * report.window_ms + 1000.0:
-        raise InvalidArgument("frames x frame_ms_p50 exceeds window_ms: the figures do not describe one window")
+        raise InvalidArgument("frame times must satisfy frame_ms_p50 <= frame_ms_p99 <= frame_ms_max")
+    _check_budget_counts(report)
+    _check_fits_window(report)
     return FrameWindow(report.frames, report.window_ms, report.frame_ms_p50, report.frame_ms_p99,
                        report.frame_ms_max, report.frames_over_budget, report.frame_budget_ms)
+
+
+def _check_budget_counts(report: pb.FrameReport) -> None:
+    """The late frames against the times, where the report says which budget it counted against."""
+    budget, over = report.frame_budget_ms, report.frames_over_budget
+    if not budget:
+        return
+    if report.frame_ms_p99 > budget and not over:
+        raise InvalidArgument(f"frames_over_budget is 0 but frame_ms_p99 ({report.frame_ms_p99:g}) is over "
+                              f"frame_budget_ms ({budget:g}): the longest frames are late")
+    if over and report.frame_ms_max and report.frame_ms_max <= budget:
+        raise InvalidArgument(f"frames_over_budget is {over} but frame_ms_max ({report.frame_ms_max:g}) is within "
+                              f"frame_budget_ms ({budget:g})")
+
+
+def _check_fits_window(report: pb.FrameReport) -> None:
+    """The frames must fit in their window: at least half of them took the median or longer, a
+    hundredth (at least one) the p99 or longer, one the longest time, each late one more than the
+    budget, and none less than MIN_FRAME_MS. Each is a least total no true window is shorter than."""
+    n = report.frames
+    least = {
+        "frames": n * MIN_FRAME_MS,
+        "frame_ms_p50": (n // 2) * report.frame_ms_p50,
+        "frame_ms_p99": max(1, n // 100) * report.frame_ms_p99,
+        "frame_ms_max": report.frame_ms_max,
+        "frames_over_budget": report.frames_over_budget * report.frame_budget_ms,
+    }
+    room = WINDOW_SLACK * report.window_ms + WINDOW_SLACK_MS
+    for name, total in least.items():
+        if total > room:
+            raise InvalidArgument(f"{name} does not fit window_ms ({report.window_ms:g}): {n} frames with it take at "
+                                  f"least {total:g} ms; the figures do not describe one window")
 
 
 class ProcessWatch:
@@ -103,7 +142,7 @@ class ProcessWatch:
 
 class FrameGuard:
     """`report()` from the transports (through the service core), `run()` as a task, `state` for
-    status. Disabled (--no-frame-guard), it answers reports and applies nothing."""
+    status. Disabled (--no-frame-guard), it answers the game's reports and applies nothing."""
 
     def __init__(self, settings: GuardSettings, enabled: bool, game_pid: int | None,
                  apply: Callable[[PassLimits], None], pause_ms: Callable[[], float] = lambda: 0.0,
@@ -117,21 +156,60 @@ class FrameGuard:
         self._apply = apply
         self._watch = ProcessWatch(game_pid, settings.busy_thread_share) if enabled else None
         self._priority = LowPriority()
-        self._allowance, self._allowance_at = REPORTS_PER_S, time.monotonic()
+        self._game = GameClients(game_pid)
+        self._allowances: dict[str, tuple[float, float]] = {}  # client -> (reports left, when)
 
-    def report(self, report: pb.FrameReport) -> pb.FrameGuardState:
+    async def report(self, report: pb.FrameReport, caller: Caller) -> pb.FrameGuardState:
+        """A frame report from `caller`: at most REPORTS_PER_S a second from each client, only
+        when its figures can be true (checked first: cheap, and they change nothing either way),
+        and counted only from the game (game_clients.py)."""
+        self._spend_allowance(caller, time.monotonic())
         window = check_report(report)
+        watched = await self._game_or_refuse(caller)
         now = time.monotonic()
-        self._allowance = min(REPORTS_PER_S, self._allowance + (now - self._allowance_at) * REPORTS_PER_S)
-        self._allowance_at = now
-        if self._allowance < 1.0:
-            raise ResourceExhausted(f"frame reports come at most {REPORTS_PER_S:g} a second: send one a second")
-        self._allowance -= 1.0
         if self.enabled:
-            self._set(on_report(self.state, window, now, self.settings, self.cores))
+            self._set(on_report(self.state, window, now, self.settings, self.cores, watched=watched))
         else:
             self.state = replace(self.state, last_window=window, last_report_s=now, reports=self.state.reports + 1)
         return self.to_pb()
+
+    def _spend_allowance(self, caller: Caller, now: float) -> None:
+        # The game token's holders share one allowance: each of them is the game.
+        key = "game token" if caller.game_token else caller.key
+        left, at = self._allowances.get(key, (REPORTS_PER_S, now))
+        left = min(REPORTS_PER_S, left + (now - at) * REPORTS_PER_S)
+        if len(self._allowances) > 256:  # a client quiet for a second is back to a full allowance
+            self._allowances = {k: v for k, v in self._allowances.items() if now - v[1] < 1.0}
+        if left < 1.0:
+            self._allowances[key] = (left, now)
+            raise ResourceExhausted(f"frame reports come at most {REPORTS_PER_S:g} a second from a client: send one a second")
+        self._allowances[key] = (left - 1.0, now)
+
+    async def _game_or_refuse(self, caller: Caller) -> bool:
+        """True when the report is the watched process's, False when it carries the game token;
+        PermissionDenied when it is neither's."""
+        if caller.game_token:
+            return False
+        if caller.address is not None and self._game.game_pid is not None:
+            now = time.monotonic()
+            verdict = self._game.known(caller.address, now)
+            if verdict is None:
+                if not self._game.may_look_up(now):
+                    raise ResourceExhausted("too many new clients report frames at once: try again in a second")
+                verdict = await asyncio.to_thread(self._game.lookup, caller.address)
+                self._game.remember(caller.address, verdict, time.monotonic())
+            if verdict:
+                return True
+        raise PermissionDenied(self._not_the_game(caller))
+
+    def _not_the_game(self, caller: Caller) -> str:
+        pid = self._game.game_pid
+        game = f"the watched process (pid {pid}: --parent-pid, else the daemon's parent)" if pid is not None \
+            else "the watched process (none here: start the daemon with --parent-pid)"
+        how = "over a Unix socket, whose clients the daemon cannot tell apart" if caller.address is None \
+            else "from another process"
+        return (f"frame reports steer the guard only from the game: {game} over TCP or the WebSocket bridge, or a "
+                f"client carrying XLM_SIDECAR_GAME_TOKEN; this one came {how}")
 
     async def run(self) -> None:
         if not self.enabled:

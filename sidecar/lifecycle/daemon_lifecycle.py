@@ -18,6 +18,8 @@ from sidecar.lifecycle.instance_lock import AlreadyServing, InstanceLock
 from sidecar.lifecycle.parent_watch import ParentProcess, watch_parent
 from sidecar.lifecycle.runtime_dir import endpoint_name, runtime_dir
 from sidecar.service.auth import (
+    GAME_TOKEN_ENV,
+    TOKEN_ENV,
     Authenticator,
     check_exposure,
     default_token_file,
@@ -63,7 +65,7 @@ class DaemonLifecycle:
     async def __aenter__(self) -> DaemonLifecycle:
         s = self.settings
         self.token = self._resolve_token()
-        self.authenticator = Authenticator(self.token)
+        self.authenticator = Authenticator(self.token, self._resolve_game_token())
         check_exposure(host=s.host, allow_remote=s.allow_remote, auth_required=self.token is not None, socket_only=s.socket is not None)
         parent = ParentProcess(s.parent_pid) if s.parent_pid is not None else None
         if self.token is not None:  # fail now, not after loading the model, if the token file cannot be written
@@ -103,6 +105,15 @@ class DaemonLifecycle:
         if s.token is not None and s.token.get_secret_value():
             return validate_token(s.token.get_secret_value())
         return generate_token()
+
+    def _resolve_game_token(self) -> str | None:
+        secret = self.settings.game_token
+        if secret is None or not secret.get_secret_value():
+            return None
+        game_token = validate_token(secret.get_secret_value(), GAME_TOKEN_ENV)
+        if game_token == self.token:  # everyone who read the token file would be the game
+            raise InvalidArgument(f"{GAME_TOKEN_ENV} must differ from {TOKEN_ENV}")
+        return game_token
 
     def listening(self, port: int) -> Path | None:
         """Mark the daemon as serving and write the token file (it is named after the port, and

@@ -52,7 +52,8 @@ async def serve_remote(settings: Settings, lifecycle: DaemonLifecycle, ready: as
     budget = settings.budget_value
     backend = await RemoteBackend.start(options)
     try:
-        info = ServiceInfo(__version__, (), settings.max_message_bytes, settings.stream_interval_ms / 1000.0)
+        info = ServiceInfo(__version__, (), settings.max_message_bytes, settings.stream_interval_ms / 1000.0,
+                           game_pid=settings.game_pid)
         service = SidecarService(backend, budget, info)
         service.budget_control = RemoteBudget(budget, service.state)  # type: ignore[assignment]
         # The same OpenAI-compatible API as with a local model, so a plugin that speaks it works in

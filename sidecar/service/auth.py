@@ -23,6 +23,7 @@ from sidecar.errors import InvalidArgument
 from sidecar.lifecycle.runtime_dir import endpoint_name, runtime_dir
 
 TOKEN_ENV = "XLM_SIDECAR_TOKEN"
+GAME_TOKEN_ENV = "XLM_SIDECAR_GAME_TOKEN"
 METADATA_KEY = "authorization"
 BEARER_PREFIX = "Bearer "
 MIN_TOKEN_LENGTH = 16
@@ -35,21 +36,26 @@ def generate_token() -> str:
     return secrets.token_urlsafe(32)
 
 
-def validate_token(token: str) -> str:
+def validate_token(token: str, name: str = TOKEN_ENV) -> str:
     """The token, or InvalidArgument when it is too short to be secret or cannot travel in a header."""
     if len(token) < MIN_TOKEN_LENGTH or not _TOKEN_PATTERN.fullmatch(token):
         raise InvalidArgument(
-            f"{TOKEN_ENV} must be at least {MIN_TOKEN_LENGTH} visible ASCII characters without spaces"
+            f"{name} must be at least {MIN_TOKEN_LENGTH} visible ASCII characters without spaces"
         )
     return token
 
 
 class Authenticator:
     """Decides whether a presented token is the daemon's. With no token, everything is let in
-    (`--no-auth`, local development only)."""
+    (`--no-auth`, local development only).
 
-    def __init__(self, token: str | None) -> None:
+    The game token (XLM_SIDECAR_GAME_TOKEN, optional) is let in too, and marks its holder as the
+    game: its frame reports steer the guard from any process (sidecar/guard/game_clients.py). It is
+    never written to the token file, so the tools that read that file are not the game."""
+
+    def __init__(self, token: str | None, game_token: str | None = None) -> None:
         self._token = token.encode() if token is not None else None
+        self._game_token = game_token.encode() if game_token is not None else None
 
     @property
     def required(self) -> bool:
@@ -59,13 +65,24 @@ class Authenticator:
         """Constant-time comparison, so response timing does not leak the token's prefix."""
         if self._token is None:
             return True
-        if not isinstance(presented, str):
-            return False
-        return hmac.compare_digest(presented.encode("utf-8", "surrogatepass"), self._token)
+        return _same(presented, self._token) or self.is_game(presented)
 
     def accepts_header(self, value: str | None) -> bool:
         """Whether an `authorization` header/metadata value carries the token ("Bearer <token>")."""
         return self.accepts(token_from_header(value))
+
+    def is_game(self, presented: str | None) -> bool:
+        """Whether `presented` is the game token."""
+        return self._game_token is not None and _same(presented, self._game_token)
+
+    def is_game_header(self, value: str | bytes | None) -> bool:
+        return self.is_game(token_from_header(value))
+
+
+def _same(presented: str | None, token: bytes) -> bool:
+    if not isinstance(presented, str):
+        return False
+    return hmac.compare_digest(presented.encode("utf-8", "surrogatepass"), token)
 
 
 def token_from_header(value: str | bytes | None) -> str | None:

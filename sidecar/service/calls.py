@@ -13,25 +13,27 @@ from dataclasses import dataclass
 from google.protobuf.message import Message
 
 from sidecar.api import pb
+from sidecar.service.caller import Caller
 from sidecar.service.core import SidecarService
 
 SERVICE = pb.DESCRIPTOR.services_by_name["Sidecar"]
 
-# What each call does, in the service core. Streaming calls return an async iterator of responses,
-# unary ones an awaitable response.
-_INVOKE: dict[str, Callable[[SidecarService, Message], AsyncIterator[Message] | Awaitable[Message]]] = {
-    "Generate": lambda core, request: core.generate(request),
-    "AskImage": lambda core, request: core.ask_image(request),
-    "SetBudget": lambda core, request: core.set_budget(request),
-    "WatchState": lambda core, request: core.watch_state(),
-    "GetStatus": lambda core, request: core.get_status(),
-    "EndSession": lambda core, request: core.end_session(request),
-    "Embed": lambda core, request: core.embed(request),
-    "Tokenize": lambda core, request: core.tokenize(request),
-    "Detokenize": lambda core, request: core.detokenize(request),
-    "ReportFrames": lambda core, request: core.report_frames(request),
-    "ExportSessions": lambda core, request: core.saves.export_sessions(request),
-    "ImportSessions": lambda core, request: core.saves.import_sessions(request),
+# What each call does, in the service core, given its request and who called (caller.py). Streaming
+# calls return an async iterator of responses, unary ones an awaitable response.
+Invoke = Callable[[SidecarService, Message, Caller], AsyncIterator[Message] | Awaitable[Message]]
+_INVOKE: dict[str, Invoke] = {
+    "Generate": lambda core, request, caller: core.generate(request),
+    "AskImage": lambda core, request, caller: core.ask_image(request),
+    "SetBudget": lambda core, request, caller: core.set_budget(request),
+    "WatchState": lambda core, request, caller: core.watch_state(),
+    "GetStatus": lambda core, request, caller: core.get_status(),
+    "EndSession": lambda core, request, caller: core.end_session(request),
+    "Embed": lambda core, request, caller: core.embed(request),
+    "Tokenize": lambda core, request, caller: core.tokenize(request),
+    "Detokenize": lambda core, request, caller: core.detokenize(request),
+    "ReportFrames": lambda core, request, caller: core.report_frames(request, caller),
+    "ExportSessions": lambda core, request, caller: core.saves.export_sessions(request),
+    "ImportSessions": lambda core, request, caller: core.saves.import_sessions(request),
 }
 
 
@@ -43,7 +45,7 @@ class Call:
     request_type: type[Message]
     response_type: type[Message]
     streaming: bool
-    invoke: Callable[[SidecarService, Message], AsyncIterator[Message] | Awaitable[Message]]
+    invoke: Invoke
 
 
 def _calls() -> dict[str, Call]:

@@ -24,6 +24,7 @@ from sidecar.guard.guard_task import FrameGuard
 from sidecar.errors import FailedPrecondition, ResourceExhausted, ShuttingDown, SidecarError, Unimplemented
 from sidecar.service import candidates, convert, token_controls, tool_calls
 from sidecar.service.budget_control import BudgetControl, check_thread_cap
+from sidecar.service.caller import Caller
 from sidecar.service.collector import StreamCollector
 from sidecar.service.grammar_checks import GrammarChecks
 from sidecar.service.request_checks import check_session_id
@@ -46,6 +47,8 @@ class ServiceInfo:
     ram_budget_bytes: int = 0
     # What any RAM budget sets aside for the vision worker (crowd.py; 0: no projector).
     vision_reserved_bytes: int = 0
+    # The game's process (--parent-pid, else the daemon's parent): only its frame reports count.
+    game_pid: int | None = None
 
 
 class SidecarService:
@@ -65,7 +68,7 @@ class SidecarService:
         # Replaced by the daemon's own once it serves a model here (local_serve.py); until then, and
         # in remote mode, reports are checked and answered, and nothing is applied.
         self.grammar_checks = GrammarChecks()
-        self.frame_guard = FrameGuard(GuardSettings(), enabled=False, game_pid=None, apply=lambda limits: None)
+        self.frame_guard = FrameGuard(GuardSettings(), enabled=False, game_pid=info.game_pid, apply=lambda limits: None)
         self.saves = SessionSaves(self)  # ExportSessions, ImportSessions (save games)
         self._process = psutil.Process()
         # Backend jobs of the streams in flight, so a shutdown can end each with a final chunk.
@@ -129,9 +132,10 @@ class SidecarService:
         tokens = list(request.tokens)
         return pb.DetokenizeResponse(text=await self.call_model(lambda m: m.detokenize(tokens)))
 
-    async def report_frames(self, request: pb.FrameReport) -> pb.FrameGuardState:
+    async def report_frames(self, request: pb.FrameReport, caller: Caller) -> pb.FrameGuardState:
+        """The game's frame report; PERMISSION_DENIED from any other client (guard/game_clients.py)."""
         self._refuse_while_draining()
-        return self.frame_guard.report(request)
+        return await self.frame_guard.report(request, caller)
 
     async def call_model(self, run):
         """`run` on the loaded model (ModelOps), between the engine's passes."""

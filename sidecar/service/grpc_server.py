@@ -18,6 +18,7 @@ from grpc_reflection.v1alpha import reflection
 
 from sidecar.api import pb
 from sidecar.service.auth import METADATA_KEY, Authenticator
+from sidecar.service.caller import Caller, grpc_caller
 from sidecar.service.calls import CALLS, Call
 from sidecar.service.core import SidecarService
 from sidecar.service.refusals import refusal_for
@@ -71,7 +72,14 @@ async def _refuse_undecodable(request: object, context: grpc.aio.ServicerContext
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"the request is not a valid message: {request.error}")
 
 
-def _method_handler(call: Call, core: SidecarService) -> grpc.RpcMethodHandler:
+def _caller(context: grpc.aio.ServicerContext, authenticator: Authenticator) -> Caller:
+    """Who called: the peer's address and whether it carried the game token (the edge has already
+    checked that it carried a token the daemon takes)."""
+    header = _metadata_value(context.invocation_metadata(), METADATA_KEY)
+    return grpc_caller(context.peer(), authenticator.is_game_header(header))
+
+
+def _method_handler(call: Call, core: SidecarService, authenticator: Authenticator) -> grpc.RpcMethodHandler:
     """grpc.aio handler for one call. Cancellation by the client, or its deadline passing, cancels
     the handler task; `aclosing` then closes the core's stream at once (not whenever the garbage
     collector gets to it), which cancels the engine job and frees its sequence."""
@@ -80,7 +88,7 @@ def _method_handler(call: Call, core: SidecarService) -> grpc.RpcMethodHandler:
         async def stream(request, context):
             await _refuse_undecodable(request, context)
             try:
-                async with contextlib.aclosing(call.invoke(core, request)) as responses:
+                async with contextlib.aclosing(call.invoke(core, request, _caller(context, authenticator))) as responses:
                     async for response in responses:
                         yield response
             except Exception as e:
@@ -93,17 +101,18 @@ def _method_handler(call: Call, core: SidecarService) -> grpc.RpcMethodHandler:
     async def unary(request, context):
         await _refuse_undecodable(request, context)
         try:
-            return await call.invoke(core, request)
+            return await call.invoke(core, request, _caller(context, authenticator))
         except Exception as e:
             await _abort(context, e)
 
     return grpc.unary_unary_rpc_method_handler(unary, _tolerant(call.request_type.FromString), call.response_type.SerializeToString)
 
 
-def add_sidecar_service(core: SidecarService, server: grpc.aio.Server) -> None:
+def add_sidecar_service(core: SidecarService, server: grpc.aio.Server, authenticator: Authenticator | None = None) -> None:
     """Register every call of xlm.v1.Sidecar (what the generated add_SidecarServicer_to_server
     does, but from the table both transports share)."""
-    handlers = {name: _method_handler(call, core) for name, call in CALLS.items()}
+    authenticator = authenticator or Authenticator(None)
+    handlers = {name: _method_handler(call, core, authenticator) for name, call in CALLS.items()}
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
     server.add_registered_method_handlers(SERVICE_NAME, handlers)
 
@@ -186,7 +195,7 @@ async def start_grpc_server(
     """
     authenticator = authenticator or Authenticator(None)
     server = grpc.aio.server(options=server_options(max_message_bytes), interceptors=[EdgeInterceptor(authenticator)])
-    add_sidecar_service(core, server)
+    add_sidecar_service(core, server, authenticator)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection((SERVICE_NAME, HEALTH_SERVICE_NAME, reflection.SERVICE_NAME), server)

@@ -65,6 +65,7 @@ _TABLE: list[tuple[type[errors.SidecarError], grpc.StatusCode, int, str, str | N
     (errors.InvalidArgument, grpc.StatusCode.INVALID_ARGUMENT, 400, "invalid_request_error", None),
     (errors.ResourceExhausted, grpc.StatusCode.RESOURCE_EXHAUSTED, 429, "rate_limit_error", None),
     (errors.NotFound, grpc.StatusCode.NOT_FOUND, 404, "not_found_error", None),
+    (errors.PermissionDenied, grpc.StatusCode.PERMISSION_DENIED, 403, "permission_error", None),
     (errors.FailedPrecondition, grpc.StatusCode.FAILED_PRECONDITION, 400, "invalid_request_error", None),
     (errors.Unavailable, grpc.StatusCode.UNAVAILABLE, 503, "server_error", None),
     (errors.Unimplemented, grpc.StatusCode.UNIMPLEMENTED, 501, "server_error", None),

@@ -22,6 +22,7 @@ from websockets.http11 import Request, Response
 from sidecar.errors import ResourceExhausted, ShuttingDown
 from sidecar.service import json_frames as frames
 from sidecar.service.auth import Authenticator, token_from_auth_frame, token_from_header
+from sidecar.service.caller import Caller, socket_caller
 from sidecar.service.core import SidecarService
 from sidecar.service.refusals import refusal_for
 
@@ -77,10 +78,10 @@ class WebSocketBridge:
         return None
 
     async def _handle(self, ws: ServerConnection) -> None:
-        authenticated = not self.authenticator.required or self.authenticator.accepts(
-            token_from_header(ws.request.headers.get("Authorization"))
-        )
+        token = token_from_header(ws.request.headers.get("Authorization"))
+        authenticated = not self.authenticator.required or self.authenticator.accepts(token)
         connection = _Connection(self, ws, authenticated)
+        connection.game_token = self.authenticator.is_game(token)
         self._connections.add(connection)
         try:
             await connection.run()
@@ -134,6 +135,8 @@ class _Connection:
         self.calls: dict[tuple[str, frames.CallId], asyncio.Task] = {}
         self._cancelled_by_client: set[tuple[str, frames.CallId]] = set()
         self._closing = False
+        # It presented the game token (in the handshake or its last auth frame): ReportFrames' caller.
+        self.game_token = False
 
     async def run(self) -> None:
         if not self.authenticated and not await self._authenticate():
@@ -164,6 +167,7 @@ class _Connection:
         except frames.FrameError as e:
             frame, call_id = None, e.call_id
         if isinstance(frame, frames.AuthFrame) and self.bridge.authenticator.accepts(token_from_auth_frame(frame.token)):
+            self.game_token = self.bridge.authenticator.is_game(token_from_auth_frame(frame.token))
             await self.ws.send(frames.auth_ok_frame())
             return True
         if isinstance(frame, (frames.CallFrame, frames.CancelFrame)):
@@ -193,6 +197,7 @@ class _Connection:
                 if not self.bridge.authenticator.accepts(token_from_auth_frame(frame.token)):
                     await self.ws.close(CLOSE_UNAUTHENTICATED, "wrong token")
                     return
+                self.game_token = self.bridge.authenticator.is_game(token_from_auth_frame(frame.token))
                 await self.outbox.put(frames.auth_ok_frame())
             elif isinstance(frame, frames.CancelFrame):
                 self._cancel(frame.call_id)
@@ -247,12 +252,12 @@ class _Connection:
         try:
             async with asyncio.timeout(frame.timeout_s):
                 if call.streaming:
-                    async with contextlib.aclosing(call.invoke(self.core, frame.request)) as responses:
+                    async with contextlib.aclosing(call.invoke(self.core, frame.request, self._caller())) as responses:
                         async for response in responses:
                             await self.outbox.put(frames.chunk_frame(call_id, response))
                     await self.outbox.put(frames.end_frame(call_id))
                 else:
-                    result = await call.invoke(self.core, frame.request)
+                    result = await call.invoke(self.core, frame.request, self._caller())
                     await self.outbox.put(frames.result_frame(call_id, result))
         except TimeoutError:
             await self.outbox.put(frames.error_frame(call_id, "DEADLINE_EXCEEDED", "the call's timeoutMs passed"))
@@ -265,6 +270,9 @@ class _Connection:
         finally:
             self.calls.pop(key, None)
             self._cancelled_by_client.discard(key)
+
+    def _caller(self) -> Caller:
+        return socket_caller("ws", self.ws.remote_address, self.game_token)
 
     async def _send_error(self, call_id: frames.CallId | None, error: BaseException) -> None:
         refusal = refusal_for(error)

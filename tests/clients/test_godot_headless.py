@@ -25,6 +25,10 @@ from sidecar.testmodels import write_models
 GODOT_PROJECT = REPO / "clients" / "godot"
 TEST_SCENE = "res://tests/protocol_test.tscn"
 DAEMON_FLAGS = ["--threads", "1", "--profile", "off"]
+# Godot runs in a process the daemon did not start: it carries the game token, so its frame reports
+# count (only the game's do; README, "Only the game steers the guard").
+GAME_TOKEN = "godot-tests-game-token-0123456789"
+GAME = {"XLM_SIDECAR_GAME_TOKEN": GAME_TOKEN}
 
 
 def godot_version(binary: str) -> str:
@@ -88,14 +92,15 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def daemon(godot: str, models: dict[str, Path]) -> Iterator[RunningDaemon]:
-    running = start_daemon("--model", str(models["tiny_llama"]), "--mmproj", str(models["tiny_projector"]), *DAEMON_FLAGS)
+    running = start_daemon("--model", str(models["tiny_llama"]), "--mmproj", str(models["tiny_projector"]), *DAEMON_FLAGS,
+                           env=GAME)
     yield running
     stop_daemon(running)
 
 
 @pytest.fixture(scope="module")
 def smollm2_daemon(godot: str) -> Iterator[RunningDaemon]:
-    running = start_daemon("--budget", "0", *DAEMON_FLAGS)
+    running = start_daemon("--budget", "0", *DAEMON_FLAGS, env=GAME)
     yield running
     stop_daemon(running)
 
@@ -109,10 +114,10 @@ def test_the_addon_passes_its_protocol_test_scene_in_headless_godot(
     env = {k: v for k, v in os.environ.items() if k != "XLM_SIDECAR_TOKEN"}
     env.update(
         XLM_TEST_WS_URL=daemon.ws_address,
-        XLM_TEST_TOKEN=daemon.token,
+        XLM_TEST_TOKEN=GAME_TOKEN,
         XLM_TEST_VISION="1",
         XLM_TEST_SMOLLM2_WS_URL=smollm2_daemon.ws_address,
-        XLM_TEST_SMOLLM2_TOKEN=smollm2_daemon.token,
+        XLM_TEST_SMOLLM2_TOKEN=GAME_TOKEN,
         XLM_TEST_DAEMON_EXE=str(Path(sys.executable).with_name("xlm-sidecar")),
         XLM_TEST_DAEMON_PORT=str(free_port_pair()),
         XLM_TEST_DAEMON_ARGS=json.dumps(["--model", str(models["tiny_llama"]), *DAEMON_FLAGS]),

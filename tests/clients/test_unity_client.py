@@ -38,6 +38,10 @@ REQUIRE_TOOLS = os.environ.get("XLM_REQUIRE_CLIENT_TOOLS") == "1"
 MCS = shutil.which("mcs")
 MONO = shutil.which("mono")
 SIDECAR_EXE = Path(sys.executable).with_name("xlm-sidecar")
+# The C# tests run in a process the daemon did not start: they carry the game token, so their frame
+# reports count (only the game's do; README, "Only the game steers the guard").
+GAME_TOKEN = "unity-tests-game-token-0123456789"
+GAME = {"XLM_SIDECAR_GAME_TOKEN": GAME_TOKEN}
 
 CORE_OFFLINE = [
     "json_round_trips_text_numbers_and_nesting",
@@ -62,6 +66,8 @@ CORE_LIVE = [
     "errors_carry_status_codes",
     "a_handler_that_throws_ends_the_call_with_its_exception",
     "no_daemon_is_unavailable",
+    # Save games (SaveTests.cs): an NPC saved with and without its KV cache, loaded back.
+    "an_npc_saves_and_loads_its_conversation",
     # Token controls (TokenControlTests.cs): mechanisms on the tiny llama, over both transports.
     "candidates_each_end_with_their_own_final",
     "logprobs_come_with_each_token",
@@ -178,7 +184,7 @@ def daemon(build: Build, models: dict[str, Path]) -> Iterator[RunningDaemon]:
     # One thread and no chunk batching: a small shared machine, and tests that count chunks. Replies
     # of up to 8000 tokens, so a reply a test cancels is still running however slow the machine.
     running = start_daemon("--model", str(models["llama"]), *vision, "--threads", "1", "--stream-interval-ms", "0", "--profile", "off",
-                           "--ctx", "8192", "--max-tokens-per-request", "8000")
+                           "--ctx", "8192", "--max-tokens-per-request", "8000", env=GAME)
     yield running
     stop_daemon(running)
 
@@ -193,7 +199,7 @@ def _env(daemon: RunningDaemon | None, models: dict[str, Path], tmp_path: Path) 
     }
     env.pop("XLM_SIDECAR_TOKEN", None)  # the launcher must pass its own
     if daemon is not None:
-        env.update(XLM_TEST_WS=daemon.ws_address, XLM_TEST_TOKEN=daemon.token)
+        env.update(XLM_TEST_WS=daemon.ws_address, XLM_TEST_TOKEN=GAME_TOKEN)
     return env
 
 
@@ -337,7 +343,7 @@ def test_core_screenshot_question(build: Build, daemon: RunningDaemon, models: d
 @pytest.fixture(scope="module")
 def smollm2_daemon(build: Build) -> Iterator[RunningDaemon]:
     """The real default model (SmolLM2), for the tests whose replies must make sense as calls."""
-    running = start_daemon("--budget", "0", "--threads", "1", "--stream-interval-ms", "0", "--profile", "off")
+    running = start_daemon("--budget", "0", "--threads", "1", "--stream-interval-ms", "0", "--profile", "off", env=GAME)
     yield running
     stop_daemon(running)
 

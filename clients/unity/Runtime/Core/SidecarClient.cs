@@ -162,8 +162,10 @@ namespace Xlm.Sidecar
 
         /// <summary>How the game's frames went over a window (FrameStats.TakeReport); answers what the
         /// daemon's frame-time guard does now. FrameReporter sends one a second by itself (the
-        /// SidecarLauncher's Report Frames). INVALID_ARGUMENT for impossible figures,
-        /// RESOURCE_EXHAUSTED past 20 reports a second.</summary>
+        /// SidecarLauncher's Report Frames). Only the game's reports count: PERMISSION_DENIED from a
+        /// process other than the one the daemon watches (the game that launched it, --parent-pid),
+        /// unless the client carries the game token (XLM_SIDECAR_GAME_TOKEN). INVALID_ARGUMENT for
+        /// impossible figures, RESOURCE_EXHAUSTED past 20 reports a second.</summary>
         public async Task<FrameGuardState> ReportFramesAsync(FrameReport report, CancellationToken cancellationToken = default(CancellationToken))
         {
             if (report == null)
