@@ -136,6 +136,65 @@ namespace Xlm.Sidecar
             }
         }
 
+        /// <summary>Save games: this NPC's conversation as bytes for the game's own save (with its KV
+        /// cache when `includeKv`: large, but the NPC then resumes without recomputing it). Null when
+        /// the NPC has no conversation to save (never spoken to, or ended).</summary>
+        public async Task<byte[]> SaveAsync(bool includeKv = false, CancellationToken cancellationToken = default(CancellationToken))
+        {
+            if (!attempted)
+                return null;
+            try
+            {
+                var save = await client.ExportSessionsAsync(new[] { NpcId }, includeKv, cancellationToken).ConfigureAwait(false);
+                return save.Data;
+            }
+            catch (SidecarException e)
+            {
+                if (e.Code != SidecarStatusCode.NotFound)
+                    throw;
+                return null;  // the daemon restarted or ended it: nothing held to save
+            }
+        }
+
+        /// <summary>SaveAsync as a base64 string (PlayerPrefs, a JSON save); null when nothing to save.</summary>
+        public async Task<string> SaveBase64Async(bool includeKv = false, CancellationToken cancellationToken = default(CancellationToken))
+        {
+            var data = await SaveAsync(includeKv, cancellationToken).ConfigureAwait(false);
+            return data == null ? null : Convert.ToBase64String(data);
+        }
+
+        /// <summary>Restore this NPC's conversation from SaveAsync's bytes, replacing what the daemon
+        /// holds for it; the next line goes on from there (the system prompt is not sent again). Says
+        /// whether its KV cache came back ("kv") or it is rebuilt from its text ("text", and why).
+        /// INVALID_ARGUMENT, with nothing changed, for a damaged save or another NPC's.</summary>
+        public async Task<SavedSessionInfo> LoadAsync(byte[] save, CancellationToken cancellationToken = default(CancellationToken))
+        {
+            if (save == null || save.Length == 0)
+                throw new ArgumentException("no save to load", "save");
+            if (IsReplying)
+                throw new InvalidOperationException("NPC '" + NpcId + "' is still answering: load once that turn ends");
+            var restored = await client.ImportSessionsAsync(save, true, cancellationToken).ConfigureAwait(false);
+            SavedSessionInfo mine = null;
+            foreach (var info in restored)
+                if (info.SessionId == NpcId)
+                    mine = info;
+            if (mine == null)
+                throw new SidecarException(SidecarStatusCode.InvalidArgument, "ImportSessions",
+                    "the save holds no conversation of NPC '" + NpcId + "'");
+            started = true;
+            attempted = true;
+            resetNext = false;
+            return mine;
+        }
+
+        /// <summary>LoadAsync of a save kept as base64 (SaveBase64Async).</summary>
+        public Task<SavedSessionInfo> LoadAsync(string base64, CancellationToken cancellationToken = default(CancellationToken))
+        {
+            if (string.IsNullOrEmpty(base64))
+                throw new ArgumentException("no save to load", "base64");
+            return LoadAsync(Convert.FromBase64String(base64), cancellationToken);
+        }
+
         async Task<GenerationResult> TurnAsync(ChatMessage line, string jsonSchema, string grammar, List<ToolDefinition> tools,
             ToolChoice choice, Action<string> onText, CancellationToken ct)
         {

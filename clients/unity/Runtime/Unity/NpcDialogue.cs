@@ -160,6 +160,25 @@ namespace Xlm.Sidecar.Unity
                 current.Cancel();
         }
 
+        /// <summary>Save games: the NPC's conversation as a string for the game's save (PlayerPrefs, a
+        /// JSON save), with its KV cache when `includeKv` (large; resumes without recomputing). Null
+        /// when the NPC has said nothing yet.</summary>
+        public async Task<string> SaveAsync(bool includeKv = false, CancellationToken cancellationToken = default(CancellationToken))
+        {
+            var npc = await ConversationAsync();
+            return await npc.SaveBase64Async(includeKv, cancellationToken);
+        }
+
+        /// <summary>Restore what SaveAsync gave, even after the daemon or the game restarted; the next
+        /// line goes on from there. Says whether the KV cache came back ("kv") or the conversation is
+        /// computed again at the next line ("text", and why).</summary>
+        public async Task<SavedSessionInfo> LoadAsync(string save, CancellationToken cancellationToken = default(CancellationToken))
+        {
+            var npc = await ConversationAsync();
+            Cancel();
+            return await npc.LoadAsync(save, cancellationToken);
+        }
+
         /// <summary>The NPC forgets the conversation; the next line starts over with the system prompt.</summary>
         public void ResetConversation()
         {

@@ -38,6 +38,35 @@ namespace Xlm.Sidecar.Samples
         {
             if (Input.GetKeyDown(KeyCode.Escape))
                 blacksmith.Cancel(); // the daemon stops generating at once
+            if (Input.GetKeyDown(KeyCode.F5))
+                Save();
+            if (Input.GetKeyDown(KeyCode.F9))
+                Load();
+        }
+
+        // Save games: the conversation goes into the game's own save (PlayerPrefs here), with the KV
+        // cache so Brom answers at once after a restart; quit, start again, press F9 and talk on.
+        async void Save()
+        {
+            var save = await blacksmith.SaveAsync(includeKv: true);
+            if (save != null)
+                PlayerPrefs.SetString("brom-conversation", save);
+        }
+
+        async void Load()
+        {
+            var save = PlayerPrefs.GetString("brom-conversation", "");
+            if (save.Length == 0)
+                return;
+            try
+            {
+                var restored = await blacksmith.LoadAsync(save);
+                reply.text = "[Brom remembers you: " + restored.Restored + (restored.Reason.Length > 0 ? ", " + restored.Reason : "") + "]";
+            }
+            catch (System.Exception e)
+            {
+                Debug.LogException(e, this);  // a damaged save: INVALID_ARGUMENT, nothing changed
+            }
         }
 
         async void Haggle()

@@ -16,6 +16,7 @@ namespace Xlm.Sidecar.Tests
             ToolTests.Register();
             TokenControlTests.Register();
             FrameTests.Register();
+            SaveTests.Register();
             LauncherTests.Register();
             return TestRunner.Run(args);
         }

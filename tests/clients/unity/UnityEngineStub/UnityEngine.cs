@@ -165,11 +165,18 @@ namespace UnityEngine
         public RequireComponent(Type requiredComponent) { }
     }
 
-    public enum KeyCode { Escape = 27, F2 = 283 }
+    public enum KeyCode { Escape = 27, F2 = 283, F5 = 286, F9 = 290 }
 
     public static class Input
     {
         public static bool GetKeyDown(KeyCode key) { return false; }
+    }
+
+    public static class PlayerPrefs
+    {
+        static readonly System.Collections.Generic.Dictionary<string, string> strings = new System.Collections.Generic.Dictionary<string, string>();
+        public static void SetString(string key, string value) { strings[key] = value; }
+        public static string GetString(string key, string defaultValue) { string v; return strings.TryGetValue(key, out v) ? v : defaultValue; }
     }
 
     [AttributeUsage(AttributeTargets.Class)]
