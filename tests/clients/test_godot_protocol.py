@@ -7,6 +7,7 @@ where Godot 4 exists: that the addon really sends exactly these frames."""
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import subprocess
@@ -58,6 +59,9 @@ SHAPE_MESSAGES = {
     "TokenizeResponse": pb.TokenizeResponse,
     "DetokenizeResponse": pb.DetokenizeResponse,
     "FrameGuardState": pb.FrameGuardState,
+    "ExportSessionsChunk": pb.ExportSessionsChunk,
+    "ImportSessionsResponse": pb.ImportSessionsResponse,
+    "SavedSessionInfo": pb.SavedSessionInfo,
 }
 # Map fields of sent requests: their keys are data (token ids), not protocol names.
 MAP_FIELDS = {"logitBias"}
@@ -412,6 +416,9 @@ def check_await(reader: FrameReader, wait: dict, sent: dict | None = None, resul
             raise CrossedCancel(frame)
         raise AssertionError(f"expected {wait['terminal']}, got {frame}")
     checked: dict = {}
+    if terminal == "end" and results is not None and any("data" in c for c in chunks):
+        # An export: its chunks' bytes are the archive, as the addon's call.archive holds them.
+        results[call_id] = {"archive": base64.b64encode(b"".join(base64.b64decode(c["data"]) for c in chunks)).decode()}
     if terminal == "end" and "final" in wait:
         # Each candidate (one unless the request asked for n) ends with its own final chunk.
         candidates = by_candidate(chunks, wait.get("candidates", 1))

@@ -42,6 +42,8 @@ var error_message := ""
 var done := false
 ## The frame that starts the call (the client sends it once connected).
 var frame := {}
+## export_sessions: the save's bytes as they arrive (whole once finished), for the game's save file.
+var archive := PackedByteArray()
 
 
 func _init(call_id: String, call_method: String, call_session_id: String) -> void:
@@ -154,6 +156,30 @@ func tokens() -> PackedInt32Array:
 	return ids
 
 
+## export_sessions and import_sessions: what was saved or restored of each session, one
+## Dictionary each, keyed by XlmProtocol's names: FIELD_SESSION_ID, FIELD_TOKENS, FIELD_KV_BYTES
+## (an int), FIELD_RESTORED ("kv": its KV cache is back; "text": its conversation is computed
+## again at its next line) and FIELD_REASON (why "text").
+func saved_sessions() -> Array[Dictionary]:
+	var infos: Array[Dictionary] = []
+	for info: Dictionary in Protocol.read_array(result, Protocol.FIELD_SESSIONS):
+		infos.append({
+			Protocol.FIELD_SESSION_ID: Protocol.read_string(info, Protocol.FIELD_SESSION_ID),
+			Protocol.FIELD_TOKENS: Protocol.read_int(info, Protocol.FIELD_TOKENS),
+			Protocol.FIELD_KV_BYTES: Protocol.read_int64(info, Protocol.FIELD_KV_BYTES),
+			Protocol.FIELD_RESTORED: Protocol.read_string(info, Protocol.FIELD_RESTORED),
+			Protocol.FIELD_REASON: Protocol.read_string(info, Protocol.FIELD_REASON),
+		})
+	return infos
+
+
+## export_sessions: the archive's size as the daemon counted it; import_sessions: bytes received.
+func archive_size() -> int:
+	if method == Protocol.METHOD_EXPORT_SESSIONS:
+		return Protocol.read_int64(result, Protocol.FIELD_ARCHIVE_BYTES)
+	return Protocol.read_int64(result, Protocol.FIELD_RECEIVED_BYTES)
+
+
 ## Called by XlmSidecarClient for ask_candidates: one XlmCall per candidate, before any chunk.
 func expect_candidates(n: int) -> void:
 	for i in n:
@@ -175,6 +201,11 @@ func receive_chunk(chunk: Dictionary) -> String:
 			return ""
 		var each: Variant = candidates[i]
 		return each.receive_chunk(chunk)
+	if method == Protocol.METHOD_EXPORT_SESSIONS:
+		archive.append_array(Protocol.read_bytes(chunk, Protocol.FIELD_DATA))
+		if Protocol.read_bool(chunk, Protocol.FIELD_LAST):
+			result = chunk
+		return ""
 	var chunk_text := Protocol.read_string(chunk, Protocol.FIELD_TEXT)
 	for token_id: Variant in Protocol.read_array(chunk, Protocol.FIELD_TOKEN_IDS):
 		token_ids.append(int(token_id))
@@ -194,7 +225,8 @@ func complete(response: Dictionary) -> void:
 		return
 	for each: Variant in candidates:
 		each.complete({})
-	result = response
+	if not response.is_empty() or method != Protocol.METHOD_EXPORT_SESSIONS:
+		result = response
 	if method == Protocol.METHOD_DETOKENIZE:
 		text = Protocol.read_string(response, Protocol.FIELD_TEXT)
 	done = true

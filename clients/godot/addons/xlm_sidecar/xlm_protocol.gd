@@ -33,6 +33,8 @@ const METHOD_EMBED := "Embed"
 const METHOD_TOKENIZE := "Tokenize"
 const METHOD_DETOKENIZE := "Detokenize"
 const METHOD_REPORT_FRAMES := "ReportFrames"
+const METHOD_EXPORT_SESSIONS := "ExportSessions"
+const METHOD_IMPORT_SESSIONS := "ImportSessions"
 
 # Request fields.
 const FIELD_MESSAGES := "messages"
@@ -81,6 +83,21 @@ const FIELD_FRAMES_OVER_BUDGET := "framesOverBudget"
 ## Sent in a FrameReport, and read back in FrameGuardState.
 const FIELD_FRAME_BUDGET_MS := "frameBudgetMs"
 const FIELD_GPU_FRAME_MS_P99 := "gpuFrameMsP99"
+# Save games: ExportSessions' request and chunks, ImportSessions' request and reply.
+const FIELD_SESSION_IDS := "sessionIds"
+const FIELD_INCLUDE_KV := "includeKv"
+const FIELD_CHUNK_BYTES := "chunkBytes"
+const FIELD_DATA := "data"
+const FIELD_LAST := "last"
+const FIELD_ARCHIVE_BYTES := "archiveBytes"
+const FIELD_ARCHIVE := "archive"
+const FIELD_REPLACE := "replace"
+const FIELD_UPLOAD_ID := "uploadId"
+const FIELD_MORE := "more"
+const FIELD_RECEIVED_BYTES := "receivedBytes"
+## SavedSessionInfo: "kv" or "text" (and FIELD_REASON why), the KV bytes saved.
+const FIELD_RESTORED := "restored"
+const FIELD_KV_BYTES := "kvBytes"
 
 # Reply fields the addon reads.
 const FIELD_TEXT := "text"
@@ -362,6 +379,31 @@ static func frame_budget_ms(target_fps: float) -> float:
 
 static func end_session_request(session_id: String) -> Dictionary:
 	return {FIELD_SESSION_ID: session_id}
+
+
+## Save games: the sessions to export (all when empty), with their KV caches or not, in chunks of
+## chunk_bytes (small enough for WebSocketPeer's inbound buffer).
+static func export_sessions_request(
+	session_ids: PackedStringArray, include_kv: bool, chunk_bytes: int
+) -> Dictionary:
+	var request := {FIELD_CHUNK_BYTES: chunk_bytes}
+	if not session_ids.is_empty():
+		request[FIELD_SESSION_IDS] = Array(session_ids)
+	if include_kv:
+		request[FIELD_INCLUDE_KV] = true
+	return request
+
+
+## One part of an import: every part carries the upload's id, all but the last `more`.
+static func import_sessions_request(
+	part: PackedByteArray, replace: bool, upload_id: String, more: bool
+) -> Dictionary:
+	var request := {
+		FIELD_ARCHIVE: Marshalls.raw_to_base64(part), FIELD_UPLOAD_ID: upload_id, FIELD_MORE: more
+	}
+	if replace:
+		request[FIELD_REPLACE] = true
+	return request
 
 
 ## Fields shared by Generate and AskImage; defaults are left out so the daemon's apply.

@@ -46,6 +46,9 @@ const CANCEL_CONFIRM_MS := 2000
 ## Room for a screenshot of max_image_side pixels in base64 (WebSocketPeer's default is 64 KiB).
 const OUTBOUND_BUFFER_BYTES := 16 << 20
 const INBOUND_BUFFER_BYTES := 1 << 20
+## Save games move in pieces of this size: an export chunk's frame (base64) fits the inbound
+## buffer, and an import part fits one frame.
+const SAVE_PART_BYTES := 512 << 10
 ## While the daemon loads its model, its status is read again this often until it is READY.
 const STATUS_POLL_MS := 250
 
@@ -366,6 +369,56 @@ func end_session(session_id: String) -> Call:
 	return _start_call(Protocol.METHOD_END_SESSION, session_id, request, 0)
 
 
+## Save games: the conversations of `session_ids` (every session when empty) as bytes for the
+## game's own save (call.archive once finished: store it with FileAccess.store_buffer), with their
+## KV caches when `include_kv` (large: tens of MB for a long conversation, but the NPC then
+## resumes at once). call.saved_sessions() says what was saved.
+func export_sessions(session_ids := PackedStringArray(), include_kv := false) -> Call:
+	var request := Protocol.export_sessions_request(session_ids, include_kv, SAVE_PART_BYTES)
+	return _start_call(Protocol.METHOD_EXPORT_SESSIONS, "", request, 0)
+
+
+## Restores the sessions of an archive export_sessions made, after the daemon or the game
+## restarted; call.saved_sessions() says per session whether its KV cache came back ("kv") or it
+## is rebuilt from its text ("text", and why). A damaged save fails with INVALID_ARGUMENT and
+## nothing changes; ids that exist fail too unless `replace`. A large archive goes in parts.
+func import_sessions(archive: PackedByteArray, replace := false) -> Call:
+	var upload_id := CALL_ID_PREFIX + str(_next_id + 1)
+	var last_start := maxi(0, archive.size() - 1 - (archive.size() - 1) % SAVE_PART_BYTES)
+	var last_part := archive.slice(last_start)
+	if last_start == 0:
+		var request := Protocol.import_sessions_request(last_part, replace, upload_id, false)
+		return _start_call(Protocol.METHOD_IMPORT_SESSIONS, "", request, 0)
+	# Parts one after the other (the bridge runs calls side by side): the returned call is the
+	# last part's, sent once the others are in.
+	var last := _new_call(
+		Protocol.METHOD_IMPORT_SESSIONS,
+		"",
+		Protocol.import_sessions_request(last_part, replace, upload_id, false)
+	)
+	_calls.erase(last.id)
+	_send_parts(archive, last_start, replace, upload_id, last)
+	return last
+
+
+func _send_parts(
+	archive: PackedByteArray, last_start: int, replace: bool, upload_id: String, last: Call
+) -> void:
+	for start in range(0, last_start, SAVE_PART_BYTES):
+		var part := archive.slice(start, start + SAVE_PART_BYTES)
+		var request := Protocol.import_sessions_request(part, replace, upload_id, true)
+		var call := _start_call(Protocol.METHOD_IMPORT_SESSIONS, "", request, 0)
+		await call.finished
+		if not call.ok():
+			_fail(last, call.error_code, call.error_message)
+			return
+	if state != State.READY:
+		_fail(last, Protocol.STATUS_UNAVAILABLE, "the connection was lost during the upload")
+		return
+	_calls[last.id] = last
+	_send_call(last, false)
+
+
 ## Changes the VRAM the daemon may use ("0" = CPU only, "512M", "3G", ...; empty keeps it),
 ## unless negative its CPU thread cap (0 = none), and when given the host memory it may hold
 ## ("512M", "2G"; "0" removes the cap). Ends once the new budget is in force (`budget_changed`).
@@ -597,6 +650,10 @@ func _on_result(call: Call, result: Dictionary) -> void:
 		)
 	elif call.method == Protocol.METHOD_REPORT_FRAMES:
 		frame_guard = FrameGuard.new(result)
+	elif call.method == Protocol.METHOD_IMPORT_SESSIONS:
+		# Restored sessions hold their persona already: their next lines must not repeat it.
+		for info: Dictionary in call.saved_sessions():
+			_sessions_begun[info[Protocol.FIELD_SESSION_ID]] = true
 	elif call.method == Protocol.METHOD_END_SESSION:
 		_sessions_begun.erase(call.session_id)
 		session_ended.emit(call.session_id, Protocol.read_int(result, Protocol.FIELD_TOKENS_FREED))
