@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
+import httpx
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from websockets.exceptions import ConnectionClosed, InvalidStatus
@@ -293,7 +294,8 @@ def test_the_launchers_token_is_used_and_a_chosen_token_file_written(tmp_path: P
 
 
 def test_no_auth_lets_local_tools_in_but_not_browsers() -> None:
-    running = start_daemon(*ONE_THREAD, "--no-auth", token=None)
+    allowed = "http://localhost:8080"
+    running = start_daemon(*ONE_THREAD, "--no-auth", "--cors-origin", allowed, token=None)
     try:
         assert listening(running)["auth"] == "none" and "token_file" not in listening(running)
         with running.client(timeout_s=60, token="") as client:
@@ -303,5 +305,12 @@ def test_no_auth_lets_local_tools_in_but_not_browsers() -> None:
         with pytest.raises(InvalidStatus) as refused:
             BridgeClient(running.ws_address, None, origin="http://evil.example")
         assert refused.value.response.status_code == 403
+        # The origin --cors-origin names is let in on both, as on HTTP (issue 36, 8: the bridge
+        # refused it while HTTP let it in).
+        with BridgeClient(running.ws_address, None, origin=allowed) as client:
+            assert "result" in client.call("GetStatus")[-1]
+        models = listening(running)["http_address"] + "/v1/models"
+        assert httpx.get(models, headers={"Origin": allowed}, timeout=60).status_code == 200
+        assert httpx.get(models, headers={"Origin": "http://evil.example"}, timeout=60).status_code == 403
     finally:
         assert stop_daemon(running) == 0

@@ -124,7 +124,7 @@ async def _start_grpc_and_bridge(core: SidecarService, settings: Settings, authe
     ws_port = websocket_port(settings)
     if ws_port is None:
         return Transports(server, health_servicer, address, port, None, None, core)
-    bridge = WebSocketBridge(core, authenticator, websocket_frame_limit(limit))
+    bridge = WebSocketBridge(core, authenticator, websocket_frame_limit(limit), settings.cors_origin or ())
     try:
         bound = await bridge.start(settings.host, ws_port)
     except OSError as e:

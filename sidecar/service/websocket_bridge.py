@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Iterable
 from http import HTTPStatus
 
 import structlog
@@ -42,9 +43,12 @@ CLOSE_UNAUTHENTICATED = 1008
 class WebSocketBridge:
     """One per daemon, on the daemon's event loop."""
 
-    def __init__(self, core: SidecarService, authenticator: Authenticator, max_frame_bytes: int) -> None:
+    def __init__(self, core: SidecarService, authenticator: Authenticator, max_frame_bytes: int,
+                 cors_origins: Iterable[str] = ()) -> None:
         self.core = core
         self.authenticator = authenticator
+        # Without a token, the web origins let in (--cors-origin), as the HTTP API lets them in.
+        self.cors_origins = frozenset(cors_origins)
         self.max_frame_bytes = max_frame_bytes
         self.draining = False
         self._server: Server | None = None
@@ -66,11 +70,13 @@ class WebSocketBridge:
 
     def _check_handshake(self, connection: ServerConnection, request: Request) -> Response | None:
         """Refuse a wrong token in the handshake at once (HTTP 401). Without a token required
-        (--no-auth), refuse browsers (they send Origin): any web page could otherwise drive the
-        model through a local port."""
+        (--no-auth), refuse browsers (they send Origin) but for the origins --cors-origin names, as
+        the HTTP API does: any web page could otherwise drive the model through a local port."""
         if not self.authenticator.required:
-            if request.headers.get("Origin") is not None:
-                return connection.respond(HTTPStatus.FORBIDDEN, "browser origins are refused without a token\n")
+            origin = request.headers.get("Origin")
+            if origin is not None and origin not in self.cors_origins:
+                return connection.respond(HTTPStatus.FORBIDDEN, "browser origins are refused without a token, but "
+                                                                "for those --cors-origin names\n")
             return None
         header = request.headers.get("Authorization")
         if header is not None and not self.authenticator.accepts(token_from_header(header)):
