@@ -169,3 +169,13 @@ def test_another_model_never_restores_a_foreign_state(saved, tmp_path) -> None:
         assert final.usage.cached_prompt_tokens == 0 and final.usage.prompt_tokens > 20
     finally:
         d.close()
+
+
+def test_another_kv_type_rebuilds_from_text(saved, smollm2_path) -> None:
+    e = Engine(config(smollm2_path, kv_type="Q8_0", flash_attention=True))
+    try:
+        infos = import_(e, saved["with_kv"])
+        assert {(i.restored, i.reason) for i in infos} == {("text", "KV cache type Q8_0, saved with F16")}
+        assert next_prompt(e, saved["following"]) == saved["prompt"]
+    finally:
+        e.close()
