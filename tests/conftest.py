@@ -1,9 +1,16 @@
-"""Shared fixtures: a real daemon process on a free port, serving the real default model."""
+"""Shared fixtures: a real daemon process on a free port, serving the real default model.
+
+Test files import helpers from here as `from conftest import ...` (pytest puts tests/ on sys.path),
+never `from tests.conftest`: that second name would load this file again as another module, with
+its own copies of everything (test_import_graph.py checks).
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,11 +19,34 @@ import pytest
 
 from sidecar.client import SidecarClient
 # The launcher lives in the package so bench/ shares it; ~40 test files import it from here.
-from sidecar.daemon_process import RunningDaemon, start_daemon, stop_daemon  # noqa: F401
+from sidecar.daemon_process import RunningDaemon, stop_daemon  # noqa: F401
+from sidecar.daemon_process import start_daemon as _start_daemon
 from sidecar.default_model import default_model_path
 from run_summary import pytest_terminal_summary  # noqa: F401 (a hook: the run ends with what it skipped)
+from tiers import mark_fast
 
 REPO = Path(__file__).resolve().parent.parent
+
+# Hermetic: the whole run, and every daemon it starts (they inherit the environment), keeps its
+# cache (machine profiles, profiler probes) in a folder of its own, made here before any test or
+# daemon starts and removed at the end. Without it a test daemon would plan with, and measure
+# into, the developer's own ~/.cache/xlm-sidecar/profiles, and plans would differ by machine.
+_CACHE = tempfile.mkdtemp(prefix="xlm-tests-cache-")
+os.environ["XDG_CACHE_HOME"] = _CACHE
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    shutil.rmtree(_CACHE, ignore_errors=True)
+
+
+def start_daemon(*args: str, **kwargs) -> RunningDaemon:
+    """sidecar.daemon_process.start_daemon, with `--profile off` unless the test names a profile
+    (`--profile auto`, a file) or a machine (`--hardware`): the planner's defaults, the same on
+    every machine, and no profiler measuring in the background beside the test. A test about
+    profiles passes `--profile auto` (with its own XDG_CACHE_HOME)."""
+    if not any(a in ("--profile", "--hardware") or a.startswith(("--profile=", "--hardware=")) for a in args):
+        args = (*args, "--profile", "off")
+    return _start_daemon(*args, **kwargs)
 
 
 def wait_for_event(daemon: RunningDaemon, wanted: str, timeout_s: float) -> list[dict]:
@@ -107,10 +137,13 @@ def pytest_report_header(config: pytest.Config) -> str:
     return f"llama.cpp: {Path(llama_cpp.__file__).parent} | {info}"
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m fast` selects by the mark
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The GPU-device tests run last: registering the RPC device is for the life of the process
-    (ggml has no way to take a device out of its registry), and every test after it would see a
-    GPU-type device where it expects this machine as it is."""
+    """Tests that load no model and start no process are marked `fast` (tiers.py): `./scripts/test
+    --fast` runs only them. The GPU-device tests run last: registering the RPC device is for the
+    life of the process (ggml has no way to take a device out of its registry), and every test
+    after it would see a GPU-type device where it expects this machine as it is."""
+    mark_fast(items)
     gpu = [i for i in items if "tests/gpu/" in i.nodeid or i.nodeid.startswith("gpu/")]
     if gpu:
         rest = [i for i in items if i not in gpu]

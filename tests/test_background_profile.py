@@ -17,8 +17,8 @@ from sidecar.profiler.database import load_profile
 from sidecar.profiler.hardware import discover_hardware
 from sidecar.profiler.plan import tiny_plan
 from no_early_stop import engine_eog_ids, engine_sampling, grpc_eog_ids, grpc_sampling
-from tests.conftest import start_daemon, stop_daemon
-from tests.conftest import wait_for_event as _events_until
+from conftest import start_daemon, stop_daemon
+from conftest import wait_for_event as _events_until
 
 GREEDY = SamplingConfig(temperature=0.0, repeat_penalty=1.0)
 
@@ -87,7 +87,7 @@ def test_a_slice_that_overlaps_engine_work_is_thrown_away(smollm2_path, tmp_path
 
 def test_without_a_profile_the_daemon_starts_on_defaults_and_re_plans_when_measured(tmp_path: Path) -> None:
     env = {"XDG_CACHE_HOME": str(tmp_path), "XLM_SIDECAR_BACKGROUND_PROFILE_PLAN": "tiny"}
-    daemon = start_daemon("--budget", "0", env=env)
+    daemon = start_daemon("--budget", "0", "--profile", "auto", env=env)  # about the profile: not off
     try:
         ready = next(e for e in daemon.log_lines if e["event"] == "ready")
         assert ready["profile"] == "defaults" and ready["planned"] is True

@@ -1,15 +1,18 @@
-"""The shape of sidecar/'s imports: no cycles, and remote mode without llama.cpp.
+"""The shape of sidecar/'s imports: no cycles, layers that import only downwards (LAYERS), and
+remote mode without llama.cpp.
 
 A cycle makes the order of imports matter (the vision worker once had to import the engine first
 so that the encoder's own import of it did not find it half-initialised), and makes a module
-impossible to understand alone. Every import counts, at the top of a module or inside a function:
-a lazy import that closes a cycle only hides it. `from package import name` depends on the
-submodule `package.name` when there is one, else on the package's __init__.
+impossible to understand alone. Every import that runs counts, at the top of a module or inside a
+function: a lazy import that closes a cycle only hides it. Imports under `if TYPE_CHECKING:` never
+run and do not count (a type annotation may name a caller). `from package import name` depends on
+the submodule `package.name` when there is one, else on the package's __init__.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -30,10 +33,24 @@ def module_names() -> dict[str, Path]:
     return modules
 
 
-def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+def _type_checking_only(tree: ast.AST) -> set[int]:
+    """ids of the import nodes under `if TYPE_CHECKING:` (or `typing.TYPE_CHECKING`)."""
+    hidden: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
+            hidden.update(id(n) for stmt in node.body for n in ast.walk(stmt))
+    return hidden
+
+
+def imports_of(name: str, path: Path, modules: dict[str, Path], *, external: bool = False) -> set[str]:
+    """The modules of sidecar/ that `name` imports; with `external`, the others too (llama_cpp)."""
     is_package = path.name == "__init__.py"
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    tree = ast.parse(path.read_text(), str(path))
+    hidden = _type_checking_only(tree)
+    for node in ast.walk(tree):
+        if id(node) in hidden:
+            continue
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -46,6 +63,8 @@ def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
             for alias in node.names:
                 sub = f"{source}.{alias.name}"
                 found.add(sub if sub in modules else source)
+    if external:
+        return {m for m in found if m != name}
     return {m for m in found if m in modules and m != name}
 
 
@@ -103,6 +122,12 @@ def test_the_graph_sees_function_level_and_package_imports() -> None:
     assert "sidecar.backend.prompt_layout" in edges["sidecar.remote.backend"]
 
 
+def test_imports_under_type_checking_do_not_count(tmp_path: Path) -> None:
+    module = tmp_path / "m.py"
+    module.write_text("from typing import TYPE_CHECKING\nimport a\nif TYPE_CHECKING:\n    import b\n")
+    assert imports_of("m", module, {"a": module, "b": module}) == {"a"}
+
+
 def test_sidecar_has_no_import_cycles() -> None:
     found = cycles(graph())
     assert found == [], "import cycles in sidecar/:\n" + "\n".join(" <-> ".join(c) for c in found)
@@ -122,3 +147,72 @@ def test_remote_mode_and_the_transports_never_load_llama_cpp() -> None:
     )
     result = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+# Which layer may import which: (importer, forbidden, exceptions, why). An exception names a
+# module that may cross the line, as importer or as imported. A prefix names a package and
+# everything under it; llama_cpp counts only where a module imports it itself. Drawn
+# from what holds, so that a new import across a line fails here and says which line.
+LAYERS: tuple[tuple[str, tuple[str, ...], tuple[str, ...], str], ...] = (
+    ("sidecar.planner", ("llama_cpp", "sidecar.native", "sidecar.engine", "sidecar.service", "sidecar.backend",
+                         "sidecar.remote"), (),
+     "the planner is pure: figures in, a plan out, testable without llama.cpp"),
+    ("sidecar.engine.scheduling", ("llama_cpp", "sidecar.service", "sidecar.remote", "sidecar.engine.engine"), (),
+     "step planning is plain Python over slots and jobs; the engine calls it, never the other way"),
+    ("sidecar.service", ("llama_cpp", "sidecar.engine", "sidecar.native"), ("sidecar.native.grammar",),
+     "the service reaches an engine only through sidecar.backend's contract (remote mode has none); "
+     "it checks a grammar with llama.cpp's parser before submitting it"),
+    ("sidecar.native", ("sidecar.service", "sidecar.engine", "sidecar.remote", "sidecar.planner", "sidecar.guard"), (),
+     "the ctypes layer under everything: it knows llama.cpp and the backend's request types, nothing above"),
+    ("sidecar.backend", ("llama_cpp", "sidecar.service", "sidecar.remote", "sidecar.planner"),
+     ("sidecar.backend.save_fingerprint",),  # names llama-cpp-python's version in a save, when asked
+     "the contract between the service and any backend: request types and shared state, no transport"),
+    ("sidecar.remote", ("llama_cpp", "sidecar.engine", "sidecar.native", "sidecar.planner", "sidecar.profiler"), (),
+     "remote mode forwards to a server and runs without llama.cpp"),
+    ("sidecar.guard", ("llama_cpp", "sidecar.engine", "sidecar.native", "sidecar.planner"), (),
+     "the frame guard decides from frame reports and load, whatever backend runs"),
+    ("sidecar.errors", ("sidecar",), (), "every layer raises these: they import nothing of ours"),
+    ("sidecar.budget", ("sidecar",), ("sidecar.errors",), "a budget is plain data"),
+)
+
+
+def layer_breaches() -> list[str]:
+    modules = module_names()
+    found = []
+    for name, path in sorted(modules.items()):
+        imported = imports_of(name, path, modules, external=True)
+        for importer, forbidden, allowed, why in LAYERS:
+            if not _under(name, importer):
+                continue
+            for target in sorted(imported):
+                excepted = any(_under(target, a) or _under(name, a) for a in allowed)
+                if any(_under(target, f) for f in forbidden) and not excepted and not _under(target, importer):
+                    found.append(f"{name} imports {target}: {importer} may not import {target.split('.')[0]}"
+                                 f"{'.' + target.split('.')[1] if '.' in target else ''} ({why})")
+    return found
+
+
+def _under(module: str, prefix: str) -> bool:
+    return module == prefix or module.startswith(prefix + ".")
+
+
+def test_layers_import_only_what_their_rule_allows() -> None:
+    found = layer_breaches()
+    assert found == [], "imports across a layer's line (LAYERS in this file):\n" + "\n".join(found)
+
+
+def test_the_layer_rules_name_real_packages() -> None:
+    modules = module_names()
+    for importer, forbidden, allowed, _ in LAYERS:
+        assert any(_under(m, importer) for m in modules), importer
+        for name in (*forbidden, *allowed):
+            assert name == "llama_cpp" or any(_under(m, name) for m in modules), name
+
+
+def test_tests_import_each_module_under_one_name() -> None:
+    """pytest loads conftest.py and each test file by its own name (tests/ is on sys.path); `from
+    tests.conftest import` would load conftest.py a second time, as another module with its own
+    state. Helpers are imported `from conftest`, `from test_x`, never `from tests.`."""
+    pattern = re.compile(r"^\s*(from|import)\s+tests\.", re.MULTILINE)
+    offenders = [str(p.relative_to(REPO)) for p in (REPO / "tests").rglob("*.py") if pattern.search(p.read_text())]
+    assert offenders == []

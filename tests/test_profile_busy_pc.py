@@ -17,7 +17,7 @@ from sidecar.profiler.database import load_profile, save_profile
 from sidecar.profiler.hardware import discover_hardware
 from sidecar.profiler.plan import tiny_plan
 from sidecar.profiler.quality import profile_disturbed
-from tests.test_profile_under_load import assert_never_fewer_threads, busy_loop_on_one_core, pytestmark, tier_threads  # noqa: F401
+from test_profile_under_load import assert_never_fewer_threads, busy_loop_on_one_core, pytestmark, tier_threads  # noqa: F401
 
 # The tiny profile lands in about 4 s here, quiet or (one thread measured) beside the loop. Before
 # the environment rule the one beside the loop did not land within this bound (its two-thread
@@ -80,14 +80,14 @@ def test_the_background_profile_lands_beside_a_busy_loop_and_plans_the_quiet_thr
 
 def test_a_profile_that_landed_beside_the_loop_is_used_at_the_next_start_and_refreshed(landed, tmp_path: Path) -> None:
     from sidecar.profiler import store
-    from tests.conftest import start_daemon, stop_daemon
-    from tests.test_background_profile import _events_until
+    from conftest import start_daemon, stop_daemon
+    from test_background_profile import _events_until
 
     busy = landed[2]
     target = tmp_path / "xlm-sidecar" / "profiles" / store.profile_file_name(store.current_fingerprint())
     save_profile(busy, target)
     env = {"XDG_CACHE_HOME": str(tmp_path), "XLM_SIDECAR_BACKGROUND_PROFILE_PLAN": "tiny"}
-    daemon = start_daemon("--budget", "0", env=env)
+    daemon = start_daemon("--budget", "0", "--profile", "auto", env=env)  # about the profile: not off
     try:
         ready = next(e for e in daemon.log_lines if e["event"] == "ready")
         # Not refused: the daemon plans with it at once, and measures it again meanwhile.

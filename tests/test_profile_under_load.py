@@ -21,8 +21,8 @@ from sidecar.profiler.database import ProfileDB, load_profile, save_profile
 from sidecar.profiler.plan import tiny_plan
 from sidecar.profiler.quality import disturbed_share, profile_disturbed
 from sidecar.profiler.runner import run_profile
-from tests.conftest import start_daemon, stop_daemon
-from tests.test_background_profile import _events_until
+from conftest import start_daemon, stop_daemon
+from test_background_profile import _events_until
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or (os.cpu_count() or 1) < 2,
                                 reason="needs two cores and CPU affinity (Linux)")
@@ -84,7 +84,7 @@ def test_a_disturbed_profile_on_disk_is_refreshed_at_start(profiles, tmp_path: P
     # The same folder the daemon will look in, from the same fingerprint.
     target = tmp_path / "xlm-sidecar" / "profiles" / store.profile_file_name(store.current_fingerprint())
     save_profile(busy, target)
-    daemon = start_daemon("--budget", "0", env=env)
+    daemon = start_daemon("--budget", "0", "--profile", "auto", env=env)  # about the profile: not off
     try:
         ready = next(e for e in daemon.log_lines if e["event"] == "ready")
         assert ready["profile"] == "refreshing"

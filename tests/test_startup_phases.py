@@ -22,7 +22,7 @@ from websockets.sync.client import connect
 
 from sidecar.api import pb
 from sidecar.client import RETRY_POLICY, SidecarClient
-from tests.conftest import start_daemon, stop_daemon
+from conftest import start_daemon, stop_daemon
 from no_early_stop import default_eog_ids, grpc_sampling
 
 # The default model's end-of-generation tokens banned: a reply asked for while the model loads
@@ -90,7 +90,7 @@ def test_listens_before_the_model_is_loaded_then_becomes_ready(held) -> None:
     assert phases[0] in (pb.ENGINE_PHASE_STARTING, pb.ENGINE_PHASE_LOADING) and phases[-1] == pb.ENGINE_PHASE_READY
     assert "".join(answer).strip()
     assert _health(daemon.address) == health_pb2.HealthCheckResponse.SERVING
-    from tests.test_background_profile import _events_until
+    from test_background_profile import _events_until
 
     events = [e.get("event") for e in _events_until(daemon, "ready", 10)]
     assert events.index("listening") < events.index("ready")

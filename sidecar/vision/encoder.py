@@ -17,7 +17,6 @@ import os
 import re
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import llama_cpp
