@@ -190,8 +190,3 @@ def sub_layers(model: ModelInfo) -> tuple[SubLayer, ...]:
     if output:
         units.append(_unit("output", OUTPUT, None, output, model, tied=tied))
     return tuple(units)
-
-
-def units_of_layer(units: tuple[SubLayer, ...], layer: int) -> tuple[SubLayer, ...]:
-    """The units of one block, in execution order."""
-    return tuple(u for u in units if u.layer == layer)

@@ -170,10 +170,6 @@ class ProfilePlan:
     measure_gpu: bool = True
     measure_busy: bool = True
 
-    def with_threads(self, threads: tuple[int, ...]) -> ProfilePlan:
-        """The same plan with explicit thread counts."""
-        return replace(self, threads=threads)
-
 
 def thread_counts(logical: int, physical: int | None, quick: bool) -> tuple[int, ...]:
     """Thread counts worth measuring on a machine: 1, powers of two, physical and logical cores.

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from sidecar.budget import Budget, format_size, parse_size
+from sidecar.budget import Budget, format_size
 from sidecar.backend.contract import Backend
 from sidecar.backend.engine_config import EngineConfig
 from sidecar.backend.engine_config import same_placement
@@ -106,9 +106,6 @@ class BudgetControl:
             self._ram_rule.shares(ram_bytes)  # InvalidArgument, saying what the model needs
         if auto_vram and self._gpu_free() is None:
             raise FailedPrecondition(NO_GPU_FOR_AUTO)
-
-    async def set_vram_size(self, size: str, max_cpu_threads: int | None) -> BudgetChange:
-        return await self.set(parse_size(size), max_cpu_threads)
 
     async def set(self, vram_bytes: int, max_cpu_threads: int | None) -> BudgetChange:
         """Put a fixed budget in force (ends automatic mode). None keeps the thread cap."""

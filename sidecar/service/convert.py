@@ -1,5 +1,6 @@
-"""Between the wire (xlm.v1 messages) and the engine's own types. Validation lives here, so both
-transports (gRPC now, the WebSocket bridge later) refuse the same requests the same way."""
+"""Between the wire (xlm.v1 messages) and the engine's own types. Validation lives here, so every
+transport (gRPC, the WebSocket bridge, the OpenAI-compatible HTTP API) refuses the same requests
+the same way."""
 
 from __future__ import annotations
 

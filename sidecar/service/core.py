@@ -1,7 +1,8 @@
 """The service core: every RPC's behaviour, independent of the transport that carries it.
 
-Transports (gRPC here; the WebSocket bridge later) only decode requests, call these coroutines and
-encode what comes back; typed errors raised here become status codes at their edge.
+Transports (gRPC, the WebSocket bridge, the OpenAI-compatible HTTP API) only decode requests,
+call these coroutines and encode what comes back; typed errors raised here become status codes at
+their edge.
 """
 
 from __future__ import annotations

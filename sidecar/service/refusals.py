@@ -84,7 +84,3 @@ def refusal_for(error: BaseException) -> Refusal:
                            futile=isinstance(error, errors.ShuttingDown), openai_code=openai_code)
     return Refusal(grpc.StatusCode.INTERNAL, 500, "server_error", message, None,
                    unexpected=not isinstance(error, errors.SidecarError))
-
-
-def status_code_for(error: BaseException) -> grpc.StatusCode:
-    return refusal_for(error).grpc_code
