@@ -33,7 +33,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ram-budget", help="host memory the daemon may hold (KV cache, prefix cache, weights, the "
                    "process): 512M, 2G; it then serves fewer NPCs at once (default: no cap)")
     p.add_argument("--max-cpu-threads", type=int, help="most CPU threads per forward pass (the game needs cores too)")
-    p.add_argument("--host", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--host", help="address to listen on, or several comma-separated, e.g. 127.0.0.1,::1 (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="port to listen on (default 50551; 0 picks a free one)")
     p.add_argument("--ctx", type=int, help="context per conversation, in tokens (default 4096)")
     p.add_argument("--parallel", type=int, help="conversations decoded together, each with its own KV cache "

@@ -120,6 +120,13 @@ class Settings(BaseSettings):
                                  "e.g. http://localhost:8080")
         return value
 
+    @field_validator("host")
+    @classmethod
+    def _hosts_are_named(cls, value: str) -> str:
+        if any(not h.strip() for h in value.split(",")):
+            raise ValueError(f"{value!r} has an empty address; give one, or several comma-separated: 127.0.0.1,::1")
+        return value
+
     @field_validator("ram_budget")
     @classmethod
     def _ram_budget_is_a_size(cls, value: str | None) -> str | None:
@@ -201,8 +208,14 @@ class Settings(BaseSettings):
         return Budget(vram_bytes=parse_size(self.budget), max_cpu_threads=self.max_cpu_threads)
 
     @property
+    def hosts(self) -> tuple[str, ...]:
+        """--host as a list: one address, or several, comma-separated (127.0.0.1,::1), each
+        listened on by every transport at the same ports. The first is the one addresses name."""
+        return tuple(h.strip() for h in self.host.split(","))
+
+    @property
     def address(self) -> str:
-        return format_address(self.host, self.port)
+        return format_address(self.hosts[0], self.port)
 
     def cpu_threads(self) -> int:
         """Threads per forward pass: the flag, else one per physical core (hyper-threads slow

@@ -60,6 +60,52 @@ def test_exposure_rules() -> None:
         auth.check_exposure(host="0.0.0.0", allow_remote=False, auth_required=True, socket_only=False)
     with pytest.raises(InvalidArgument, match="--no-auth"):
         auth.check_exposure(host="0.0.0.0", allow_remote=True, auth_required=False, socket_only=False)
+    # A list is loopback when every address in it is (issue 36, 8: 127.0.0.1,::1 was refused as
+    # accepting calls from other machines); a refusal names the ones that are not.
+    auth.check_exposure(host="127.0.0.1,::1", allow_remote=False, auth_required=True, socket_only=False)
+    auth.check_exposure(host="localhost, ::1", allow_remote=False, auth_required=True, socket_only=False)
+    with pytest.raises(InvalidArgument, match=r"--host 0\.0\.0\.0 accepts calls from other machines"):
+        auth.check_exposure(host="127.0.0.1,0.0.0.0", allow_remote=False, auth_required=True, socket_only=False)
+
+
+def _ipv6_loopback() -> bool:
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET6) as sock:
+            sock.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _ipv6_loopback(), reason="this machine has no IPv6 loopback (::1)")
+def test_a_daemon_listens_on_every_loopback_address_host_lists() -> None:
+    from websockets.sync.client import connect
+
+    running = start_daemon(*ONE_THREAD, "--host", "127.0.0.1,::1")
+    try:
+        fields = listening(running)
+        assert fields["address"].startswith("127.0.0.1:")  # addresses name the first
+        ports = {name: fields[name].rsplit(":", 1)[1] for name in ("address", "ws_address", "http_address")}
+        for host in ("127.0.0.1", "[::1]"):
+            with rpc_client(f"{host}:{ports['address']}", running.token) as client:
+                assert client.status().phase == pb.ENGINE_PHASE_READY
+            models = httpx.get(f"http://{host}:{ports['http_address']}/v1/models",
+                               headers={"Authorization": f"Bearer {running.token}"}, timeout=60)
+            assert models.status_code == 200
+            with connect(f"ws://{host}:{ports['ws_address']}",
+                         additional_headers={"Authorization": f"Bearer {running.token}"}) as ws:
+                ws.send('{"id": "s", "method": "GetStatus"}')
+                assert "result" in json.loads(ws.recv())
+    finally:
+        assert stop_daemon(running) == 0
+
+
+def rpc_client(address: str, token: str):
+    from sidecar.client import SidecarClient
+
+    return SidecarClient(address, token=token, timeout_s=60)
 
 
 def test_token_file_is_owner_only_and_replaced_whole(tmp_path: Path) -> None:
@@ -267,6 +313,7 @@ def run_serve(*args: str, env: dict[str, str] | None = None) -> subprocess.Compl
         (("--host", "0.0.0.0", "--allow-remote", "--no-auth"), {}, "--no-auth"),
         (("--allow-remote", "--no-auth"), {}, "--no-auth"),
         ((), {"XLM_SIDECAR_TOKEN": "short"}, "XLM_SIDECAR_TOKEN"),
+        (("--host", "127.0.0.1,"), {}, "empty address"),
     ],
 )
 def test_unsafe_setups_are_refused_before_loading(args, env, message) -> None:

@@ -126,9 +126,11 @@ def check_exposure(*, host: str, allow_remote: bool, auth_required: bool, socket
     address explicitly asked for with --allow-remote and protected by a token."""
     if allow_remote and not auth_required:
         raise InvalidArgument("--allow-remote needs a token: it cannot be combined with --no-auth")
-    if not socket_only and not allow_remote and not is_loopback(host):
+    # --host may list several addresses (127.0.0.1,::1): loopback only if every one is.
+    remote = [h.strip() for h in host.split(",") if not is_loopback(h.strip())]
+    if not socket_only and not allow_remote and remote:
         raise InvalidArgument(
-            f"--host {host} accepts calls from other machines; pass --allow-remote to mean it "
+            f"--host {', '.join(remote)} accepts calls from other machines; pass --allow-remote to mean it "
             "(a token is then required), or listen on 127.0.0.1"
         )
 

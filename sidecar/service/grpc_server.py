@@ -185,9 +185,11 @@ async def start_grpc_server(
     max_message_bytes: int,
     authenticator: Authenticator | None = None,
     serving: bool = True,
+    more_hosts: tuple[str, ...] = (),
 ) -> tuple[grpc.aio.Server, health.aio.HealthServicer, int]:
-    """Bind and start. `address` is "host:port" or "unix:PATH" (made owner-only). Returns the
-    server, its health servicer and the bound port (useful with port 0; 0 for a Unix socket).
+    """Bind and start. `address` is "host:port" or "unix:PATH" (made owner-only); `more_hosts`
+    are listened on at the same port. Returns the server, its health servicer and the bound port
+    (useful with port 0; 0 for a Unix socket).
 
     Health answers NOT_SERVING until the caller marks it SERVING when `serving` is False (the
     daemon listens before its model is loaded). Raises PortInUse when the address is taken. A Unix socket path must already be free: gRPC
@@ -209,6 +211,14 @@ async def start_grpc_server(
         raise PortInUse(f"cannot listen on {address}: {e}") from e
     if socket_path is None and port == 0 and not address.endswith(":0"):
         raise PortInUse(f"cannot listen on {address}: the port is in use")
+    for host in more_hosts:  # the other addresses --host lists, on the port the first one got
+        also = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        try:
+            bound = server.add_insecure_port(also)
+        except RuntimeError as e:
+            raise PortInUse(f"cannot listen on {also}: {e}") from e
+        if bound != port:
+            raise PortInUse(f"cannot listen on {also}: the port is in use")
     await server.start()
     status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
     for name in ("", SERVICE_NAME):

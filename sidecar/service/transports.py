@@ -118,18 +118,19 @@ async def _start_grpc_and_bridge(core: SidecarService, settings: Settings, authe
     # A screenshot may be larger than any other message: an AskImage carrying the largest image
     # accepted must get through (and be refused by size, with a message, above that).
     limit = max(settings.max_message_bytes, settings.max_image_bytes + (64 << 10))
-    server, health_servicer, port = await start_grpc_server(core, address, limit, authenticator, serving)
+    more_hosts = settings.hosts[1:] if settings.socket is None else ()
+    server, health_servicer, port = await start_grpc_server(core, address, limit, authenticator, serving, more_hosts)
     if settings.socket is None:
-        address = format_address(settings.host, port)
+        address = format_address(settings.hosts[0], port)
     ws_port = websocket_port(settings)
     if ws_port is None:
         return Transports(server, health_servicer, address, port, None, None, core)
     bridge = WebSocketBridge(core, authenticator, websocket_frame_limit(limit), settings.cors_origin or ())
     try:
-        bound = await bridge.start(settings.host, ws_port)
+        bound = await bridge.start(settings.hosts, ws_port)
     except OSError as e:
         await server.stop(None)
-        where = format_address(settings.host, ws_port)
+        where = ", ".join(format_address(host, ws_port) for host in settings.hosts)
         raise PortInUse(f"cannot listen on {where} (WebSocket bridge): {e.strerror or e}; use --ws-port or --no-websocket") from e
-    ws_address = f"ws://{format_address(settings.host, bound)}"
+    ws_address = f"ws://{format_address(settings.hosts[0], bound)}"
     return Transports(server, health_servicer, address, port, bridge, ws_address, core)

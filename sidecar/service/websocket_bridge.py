@@ -52,11 +52,24 @@ class WebSocketBridge:
         self.max_frame_bytes = max_frame_bytes
         self.draining = False
         self._server: Server | None = None
+        self._more: Server | None = None  # the other addresses --host lists, at the same port
         self._connections: set[_Connection] = set()
 
-    async def start(self, host: str, port: int) -> int:
-        """Listen; returns the bound port. OSError when the port is taken."""
-        self._server = await serve(
+    async def start(self, hosts: str | tuple[str, ...], port: int) -> int:
+        """Listen on each host at one port; returns the bound port. OSError when it is taken."""
+        hosts = (hosts,) if isinstance(hosts, str) else hosts
+        self._server = await self._serve(hosts[0], port)
+        port = self._server.sockets[0].getsockname()[1]  # port 0: the others take the one it got
+        if len(hosts) > 1:
+            try:
+                self._more = await self._serve(list(hosts[1:]), port)
+            except OSError:
+                self._server.close()
+                raise
+        return port
+
+    async def _serve(self, host: str | list[str], port: int) -> Server:
+        return await serve(
             self._handle,
             host,
             port,
@@ -66,7 +79,6 @@ class WebSocketBridge:
             close_timeout=2,
             server_header=None,
         )
-        return self._server.sockets[0].getsockname()[1]
 
     def _check_handshake(self, connection: ServerConnection, request: Request) -> Response | None:
         """Refuse a wrong token in the handshake at once (HTTP 401). Without a token required
@@ -100,8 +112,9 @@ class WebSocketBridge:
     def begin_drain(self) -> None:
         """Refuse new connections and calls (UNAVAILABLE); calls in flight go on."""
         self.draining = True
-        if self._server is not None:
-            self._server.server.close()  # stop accepting; open connections stay
+        for server in (self._server, self._more):
+            if server is not None:
+                server.server.close()  # stop accepting; open connections stay
 
     async def close(self, grace_s: float, hurry: asyncio.Event | None = None) -> None:
         """Drain: refuse new connections and calls (UNAVAILABLE), let calls in flight finish for
@@ -125,8 +138,10 @@ class WebSocketBridge:
                 f.cancel()
         for connection in list(self._connections):
             connection.cancel_calls()
-        self._server.close()  # going away (1001)
-        await self._server.wait_closed()
+        for server in (self._server, self._more):
+            if server is not None:
+                server.close()  # going away (1001)
+                await server.wait_closed()
 
 
 class _Connection:

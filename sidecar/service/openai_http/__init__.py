@@ -35,10 +35,10 @@ async def start_http(transports, core, settings, authenticator, model_id: str | 
                               model_id=model_id, strict_model_names=settings.strict_model_names,
                               cors_origins=settings.cors_origin)
     try:
-        bound = await server.start(settings.host, port)
+        bound = await server.start(settings.hosts, port)
     except OSError as e:
         await transports.stop(0)
-        where = format_address(settings.host, port)
+        where = ", ".join(format_address(host, port) for host in settings.hosts)
         raise PortInUse(f"cannot listen on {where} (HTTP API): {e.strerror or e}; use --http-port or --no-http") from e
     transports.http = server
-    transports.http_address = f"http://{format_address(settings.host, bound)}"
+    transports.http_address = f"http://{format_address(settings.hosts[0], bound)}"

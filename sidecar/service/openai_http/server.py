@@ -95,21 +95,20 @@ class OpenAIHttpServer:
                              strict_model_names=strict_model_names, cors=CorsPolicy(cors_origins))
         self._server: _Server | None = None
         self._task: asyncio.Task | None = None
-        self._socket: socket.socket | None = None
+        self._sockets: list[socket.socket] = []
 
-    async def start(self, host: str, port: int) -> int:
-        """Listen; returns the bound port. OSError when the port is taken."""
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
+    async def start(self, hosts: str | tuple[str, ...], port: int) -> int:
+        """Listen on each host at one port; returns the bound port. OSError when it is taken."""
+        hosts = (hosts,) if isinstance(hosts, str) else hosts
+        sockets: list[socket.socket] = []
         try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((host.strip("[]"), port))
-            sock.listen(128)
-            sock.setblocking(False)
+            for host in hosts:  # the first picks the port when it is 0; the others take the same
+                sockets.append(_listening_socket(host, sockets[0].getsockname()[1] if sockets else port))
         except OSError:
-            sock.close()
+            for sock in sockets:
+                sock.close()
             raise
-        self._socket = sock
+        self._sockets = sockets
         # uvicorn logs through the standard library; only its warnings and errors are worth a line.
         for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
             logging.getLogger(name).setLevel(logging.WARNING)
@@ -123,13 +122,13 @@ class OpenAIHttpServer:
             http=_HeaderTimedH11,
         )
         self._server = _Server(config)
-        self._task = asyncio.create_task(self._server.serve(sockets=[sock]), name="openai-http")
+        self._task = asyncio.create_task(self._server.serve(sockets=sockets), name="openai-http")
         while not self._server.started:
             if self._task.done():
                 self._task.result()  # raises what stopped it
                 raise OSError("the HTTP server stopped at start")
             await asyncio.sleep(0.01)
-        return sock.getsockname()[1]
+        return sockets[0].getsockname()[1]
 
     async def close(self, grace_s: float, hurry: asyncio.Event | None = None) -> None:
         """Drain: stop accepting, let requests in flight finish for up to grace_s (or until
@@ -149,5 +148,19 @@ class OpenAIHttpServer:
             await self._task
         if hurried is not None:
             hurried.cancel()
-        if self._socket is not None:
-            self._socket.close()
+        for sock in self._sockets:
+            sock.close()
+
+
+def _listening_socket(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host.strip("[]"), port))
+        sock.listen(128)
+        sock.setblocking(False)
+    except OSError:
+        sock.close()
+        raise
+    return sock
