@@ -13,19 +13,19 @@ from concurrent.futures import CancelledError
 import numpy as np
 import pytest
 
-from sidecar.engine import Engine, EngineConfig
+from sidecar.engine import Engine
 from sidecar.engine.model_calls import MAX_EMBED_TOKENS
 from sidecar.errors import InvalidArgument
 from sidecar.guard.frame_guard import NO_LIMITS, PassLimits
 from sidecar.native.embedding_context import EMBED_CONTEXT
 
+from engines import open_engine
+
 
 @pytest.fixture(scope="module")
 def engine(smollm2_path) -> Iterator[Engine]:
-    e = Engine(EngineConfig(model_path=smollm2_path, n_ctx=1024, n_seq=2, threads_decode=2, threads_prefill=2,
-                            adaptive_threads=False))
-    yield e
-    e.close()
+    with open_engine(smollm2_path, n_seq=2) as e:
+        yield e
 
 
 def call(engine: Engine, run_on_model, timeout: float = 120):

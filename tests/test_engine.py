@@ -14,7 +14,6 @@ import pytest
 
 from sidecar.engine import (
     Engine,
-    EngineConfig,
     Finished,
     FinishReason,
     GenerationSpec,
@@ -22,47 +21,25 @@ from sidecar.engine import (
     SamplingConfig,
     TextDelta,
 )
-from sidecar.errors import InvalidArgument, ResourceExhausted, SidecarError
+from sidecar.errors import InvalidArgument, ResourceExhausted
 
 from greedy_agreement import CpuReference, assert_greedy_agrees, engine_prompt_tokens
 from no_early_stop import engine_eog_ids, engine_sampling
+from engines import open_engine, run
 
 GREEDY = SamplingConfig(temperature=0.0, repeat_penalty=1.0)
 
 
 @pytest.fixture(scope="module")
 def engine(smollm2_path) -> Iterator[Engine]:
-    e = Engine(EngineConfig(model_path=smollm2_path, n_ctx=1024, threads_decode=2, threads_prefill=2, max_sessions=2,
-                            max_prompt_tokens=1000, adaptive_threads=False))
-    yield e
-    e.close()
+    with open_engine(smollm2_path, max_sessions=2, max_prompt_tokens=1000) as e:
+        yield e
 
 
 @pytest.fixture(scope="module")
 def eog(engine: Engine) -> tuple[int, ...]:
     """The model's end-of-generation tokens: banned where a test needs the reply's whole length."""
     return engine_eog_ids(engine)
-
-
-def run(engine: Engine, spec: GenerationSpec, on_delta=None) -> tuple[list[TextDelta], Finished]:
-    deltas: list[TextDelta] = []
-    done = threading.Event()
-    result: list[object] = []
-
-    def sink(event: object) -> None:
-        if isinstance(event, TextDelta):
-            deltas.append(event)
-            if on_delta:
-                on_delta(event)
-        else:
-            result.append(event)
-            done.set()
-
-    engine.submit(spec, sink)
-    assert done.wait(120), "the engine never finished the request"
-    if isinstance(result[0], SidecarError):
-        raise result[0]
-    return deltas, result[0]
 
 
 def test_characters_split_across_tokens_arrive_whole(engine: Engine) -> None:

@@ -13,41 +13,13 @@ from collections.abc import Iterator
 
 import pytest
 
-from sidecar.engine import Engine, EngineConfig, Finished, FinishReason, GenerationSpec, Prompt, SamplingConfig, TextDelta
+from sidecar.engine import Engine, FinishReason, GenerationSpec, Prompt, SamplingConfig
 
 from greedy_agreement import CpuReference, assert_greedy_agrees, engine_prompt_tokens
 from no_early_stop import engine_eog_ids, engine_sampling
+from engines import Stream, open_engine
 
 GREEDY = SamplingConfig(temperature=0.0, repeat_penalty=1.0)
-
-
-class Stream:
-    """Collects one request's events; `done` is set at its end."""
-
-    def __init__(self) -> None:
-        self.deltas: list[TextDelta] = []
-        self.end: object = None
-        self.done = threading.Event()
-
-    def __call__(self, event: object) -> None:
-        if isinstance(event, TextDelta):
-            self.deltas.append(event)
-        else:
-            self.end = event
-            self.done.set()
-
-    @property
-    def text(self) -> str:
-        return "".join(d.text for d in self.deltas)
-
-    @property
-    def tokens(self) -> list[int]:
-        return [t for d in self.deltas for t in d.token_ids]
-
-    def result(self, timeout: float = 120) -> Finished:
-        assert self.done.wait(timeout), "request never finished"
-        assert isinstance(self.end, Finished), self.end
-        return self.end
 
 
 def chat(text: str, banned: tuple[int, ...] = (), **kw) -> GenerationSpec:
@@ -58,10 +30,8 @@ def chat(text: str, banned: tuple[int, ...] = (), **kw) -> GenerationSpec:
 
 @pytest.fixture(scope="module")
 def engine(smollm2_path) -> Iterator[Engine]:
-    e = Engine(EngineConfig(model_path=smollm2_path, n_ctx=1024, n_seq=3, n_batch=256, threads_decode=2, threads_prefill=2,
-                            adaptive_threads=False))
-    yield e
-    e.close()
+    with open_engine(smollm2_path, n_seq=3, n_batch=256) as e:
+        yield e
 
 
 @pytest.fixture(scope="module")

@@ -13,18 +13,17 @@ from collections.abc import Iterator
 import pytest
 
 from sidecar.backend.requests import TextDelta
-from sidecar.engine import Engine, EngineConfig, Finished, FinishReason, GenerationSpec, Prompt, SamplingConfig
+from sidecar.engine import Engine, Finished, FinishReason, GenerationSpec, Prompt, SamplingConfig
 from sidecar.errors import InvalidArgument, ResourceExhausted, SidecarError
 
 from no_early_stop import engine_eog_ids, engine_sampling
+from engines import open_engine
 
 
 @pytest.fixture(scope="module")
 def engine(smollm2_path) -> Iterator[Engine]:
-    e = Engine(EngineConfig(model_path=smollm2_path, n_ctx=1024, n_seq=2, threads_decode=1, threads_prefill=1,
-                            max_sessions=2, max_prompt_tokens=200, adaptive_threads=False))
-    yield e
-    e.close()
+    with open_engine(smollm2_path, n_seq=2, threads_decode=1, threads_prefill=1, max_sessions=2, max_prompt_tokens=200) as e:
+        yield e
 
 
 class Outcome:

@@ -19,9 +19,11 @@ import jsonschema
 import pytest
 
 from sidecar.backend.requests import TextDelta
-from sidecar.engine import Engine, EngineConfig, Finished, FinishReason, GenerationSpec, Prompt, SamplingConfig
+from sidecar.engine import Engine, Finished, FinishReason, GenerationSpec, Prompt, SamplingConfig
 from sidecar.engine.scheduling.step import SequenceDemand, plan_step
 from sidecar.native.grammar import json_schema_grammar
+
+from engines import open_engine
 
 GREEDY = SamplingConfig(temperature=0.0, repeat_penalty=1.0)
 ITEM = {"type": "string", "maxLength": 16}
@@ -49,10 +51,8 @@ SCHEMAS = {
 
 @pytest.fixture(scope="module")
 def engine(smollm2_path) -> Iterator[Engine]:
-    e = Engine(EngineConfig(model_path=smollm2_path, n_ctx=2048, n_seq=4, threads_decode=2, threads_prefill=2,
-                            max_sessions=4, max_prompt_tokens=500, adaptive_threads=False))
-    yield e
-    e.close()
+    with open_engine(smollm2_path, n_ctx=2048, n_seq=4, max_sessions=4, max_prompt_tokens=500) as e:
+        yield e
 
 
 def run(engine: Engine, spec: GenerationSpec, *, jump: bool = True) -> tuple[str, Finished]:

@@ -12,12 +12,13 @@ from pathlib import Path
 import pytest
 
 from sidecar.client import Reply
-from sidecar.engine import Engine, EngineConfig, Finished, GenerationSpec, Prompt, SamplingConfig, TextDelta
+from sidecar.engine import Engine, Finished, GenerationSpec, Prompt, SamplingConfig, TextDelta
 from sidecar.engine.prefix.prefix_cache import PrefixCache
 from sidecar.engine.prefix.prefix_sharing import BLOCK, exact_shared, share_cut, shared_blocks
 from sidecar.backend.prompt_layout import context_tokens, with_context
 
 from no_early_stop import engine_eog_ids, engine_sampling
+from engines import Stream, engine_config
 
 GREEDY = SamplingConfig(temperature=0.0, repeat_penalty=1.0)
 PLACES = ["mill", "bridge", "chapel", "market", "forge", "inn", "well", "tower", "gate", "harbour", "orchard", "granary"]
@@ -34,25 +35,6 @@ NPCS = [
 ]
 
 
-class Stream:
-    def __init__(self) -> None:
-        self.tokens: list[int] = []
-        self.end: object = None
-        self.done = threading.Event()
-
-    def __call__(self, event: object) -> None:
-        if isinstance(event, TextDelta):
-            self.tokens.extend(event.token_ids)
-        else:
-            self.end = event
-            self.done.set()
-
-    def result(self) -> Finished:
-        assert self.done.wait(300), "request never finished"
-        assert isinstance(self.end, Finished), self.end
-        return self.end
-
-
 def npc_turn(persona: str | None, line: str, session: str = "", world: str = WORLD, max_tokens: int = 16) -> GenerationSpec:
     messages = ((("system", persona),) if persona else ()) + (("user", line),)
     return GenerationSpec(
@@ -67,12 +49,8 @@ def ask(engine: Engine, spec: GenerationSpec) -> tuple[list[int], Finished]:
 
 
 def make_engine(path: Path, cache_bytes: int, n_batch: int = 256) -> Engine:
-    return Engine(
-        EngineConfig(
-            model_path=path, n_ctx=1024, n_seq=4, n_batch=n_batch, threads_decode=2, threads_prefill=2,
-            prefix_cache_bytes=cache_bytes, adaptive_threads=False,  # token identity across engines
-        )
-    )
+    # engines.py's pinned threads, no governor: token identity across engines
+    return Engine(engine_config(path, n_seq=4, n_batch=n_batch, prefix_cache_bytes=cache_bytes))
 
 
 @pytest.fixture(scope="module")

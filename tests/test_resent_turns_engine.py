@@ -16,8 +16,10 @@ import pytest
 
 from sidecar.backend.requests import Finished, GenerationSpec, Prompt, TextDelta
 from sidecar.backend.sampling import SamplingConfig
-from sidecar.engine import Engine, EngineConfig
+from sidecar.engine import Engine
 from sidecar.errors import SidecarError
+
+from engines import open_engine
 
 GREEDY = SamplingConfig(temperature=0.0, repeat_penalty=1.0)
 LONG_REPLY = " ".join(f"word{i}" for i in range(40))
@@ -25,10 +27,8 @@ LONG_REPLY = " ".join(f"word{i}" for i in range(40))
 
 @pytest.fixture(scope="module")
 def engine(smollm2_path) -> Iterator[Engine]:
-    e = Engine(EngineConfig(model_path=smollm2_path, n_ctx=1024, threads_decode=2, threads_prefill=2, max_sessions=4,
-                            max_prompt_tokens=900, adaptive_threads=False))
-    yield e
-    e.close()
+    with open_engine(smollm2_path, max_sessions=4, max_prompt_tokens=900) as e:
+        yield e
 
 
 class Run:

@@ -6,51 +6,25 @@ computed once), never about what the model says."""
 from __future__ import annotations
 
 import math
-import threading
 from collections.abc import Iterator
 
 import numpy as np
 import pytest
 
 from sidecar.backend.requests import TextDelta
-from sidecar.engine import Engine, EngineConfig, Finished, GenerationSpec, Prompt, SamplingConfig
-from sidecar.errors import InvalidArgument, SidecarError
+from sidecar.engine import Engine, GenerationSpec, Prompt, SamplingConfig
+from sidecar.errors import InvalidArgument
 
 from no_early_stop import engine_bias, engine_eog_ids, engine_sampling
+from engines import Stream, open_engine, run
 
 GREEDY = SamplingConfig(temperature=0.0, repeat_penalty=1.0)
 
 
 @pytest.fixture(scope="module")
 def engine(smollm2_path) -> Iterator[Engine]:
-    e = Engine(EngineConfig(model_path=smollm2_path, n_ctx=2048, n_seq=4, threads_decode=2, threads_prefill=2,
-                            max_sessions=4, max_prompt_tokens=1000, adaptive_threads=False))
-    yield e
-    e.close()
-
-
-def submit(engine: Engine, spec: GenerationSpec):
-    deltas: list[TextDelta] = []
-    done = threading.Event()
-    result: list[object] = []
-
-    def sink(event: object) -> None:
-        if isinstance(event, TextDelta):
-            deltas.append(event)
-        else:
-            result.append(event)
-            done.set()
-
-    engine.submit(spec, sink)
-    return deltas, result, done
-
-
-def run(engine: Engine, spec: GenerationSpec) -> tuple[list[TextDelta], Finished]:
-    deltas, result, done = submit(engine, spec)
-    assert done.wait(120), "the engine never finished the request"
-    if isinstance(result[0], SidecarError):
-        raise result[0]
-    return deltas, result[0]
+    with open_engine(smollm2_path, n_ctx=2048, n_seq=4, max_sessions=4, max_prompt_tokens=1000) as e:
+        yield e
 
 
 def tokens_of(deltas: list[TextDelta]) -> list[int]:
@@ -116,12 +90,10 @@ def test_candidates_of_one_prompt_compute_it_once(engine: Engine) -> None:
     prompt = Prompt(messages=(("system", persona), ("user", "What do you sell?")))
     sampling = SamplingConfig(temperature=0.9, seed=7)
     specs = [GenerationSpec(prompt=prompt, sampling=sampling, max_tokens=6, shares_prompt=True) for _ in range(3)]
-    pending = [submit(engine, s) for s in specs]
-    finals = []
-    for deltas, result, done in pending:
-        assert done.wait(120)
-        assert isinstance(result[0], Finished), result[0]
-        finals.append(result[0])
+    streams = [Stream() for _ in specs]
+    for spec, stream in zip(specs, streams):
+        engine.submit(spec, stream)
+    finals = [stream.result() for stream in streams]
     prompt_tokens = finals[0].usage.prompt_tokens
     computed = sum(f.usage.prompt_tokens - f.usage.cached_prompt_tokens for f in finals)
     # Once, and the one token each candidate computes after the shared cut for its own logits.
@@ -154,7 +126,8 @@ def test_embeddings_are_unit_vectors_and_rank_a_paraphrase_first(engine: Engine)
 
 
 def test_generation_goes_on_while_embeddings_are_asked_for(engine: Engine) -> None:
-    deltas, result, done = submit(engine, GenerationSpec(prompt=ASK, sampling=GREEDY, max_tokens=24))
+    stream = Stream()
+    engine.submit(GenerationSpec(prompt=ASK, sampling=GREEDY, max_tokens=24), stream)
     for _ in range(5):
         call(engine, lambda m: m.embed(["a short line"]))
-    assert done.wait(120) and isinstance(result[0], Finished)
+    stream.result()
