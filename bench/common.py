@@ -357,11 +357,12 @@ def start_llama_cpp_python_server(model: Path, threads: int, n_ctx: int) -> Http
     return peer
 
 
-def start_llama_server(binary: Path, model: Path, threads: int, slots: int, ctx_per_slot: int) -> HttpPeer:
+def start_llama_server(binary: Path, model: Path, threads: int, slots: int, ctx_per_slot: int,
+                       extra: tuple[str, ...] = ()) -> HttpPeer:
     port = free_port()
     process = subprocess.Popen(
         [str(binary), "-m", str(model), "--port", str(port), "-t", str(threads), "-tb", str(threads),
-         "-np", str(slots), "-c", str(ctx_per_slot * slots), "--no-webui"],
+         "-np", str(slots), "-c", str(ctx_per_slot * slots), "--no-webui", *extra],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     peer = HttpPeer(f"llama-server ({slots} slots)", process, f"http://127.0.0.1:{port}")

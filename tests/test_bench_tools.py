@@ -317,3 +317,25 @@ def test_a_streamed_reply_carries_the_prompt_tokens_the_server_computed() -> Non
     transport = httpx.MockTransport(lambda request: httpx.Response(200, text=without))
     with httpx.Client(transport=transport) as client:
         assert peer.chat_stream(client, [{"role": "user", "content": "hi"}], 2).prompt_computed is None
+
+
+# -- tool-choice's tally ------------------------------------------------------------------------------------
+
+
+def test_tool_choice_counts_calls_words_and_cut_calls() -> None:
+    from bench import tool_choice as tc
+
+    call = {"content": None, "tool_calls": [{"function": {"name": "give_item", "arguments": "{}"}}]}
+    assert tc.outcome(call, "tool_calls") == "call:give_item"
+    assert tc.outcome({"content": '{"name":"give_it'}, "length") == "cut call"
+    assert tc.outcome({"content": "Hello there"}, "stop") == "words"
+    assert tc.outcome({"content": "Hello there"}, "length") == "words"
+    rows = [{"case": "hello", "temperature": 0.0, "outcome": "call:give_item", "placeholder": False},
+            {"case": "joke", "temperature": 0.0, "outcome": "words", "placeholder": True},
+            {"case": "give-potion", "temperature": 0.0, "outcome": "call:get_current_weather", "placeholder": False},
+            {"case": "give-key", "temperature": 0.0, "outcome": "cut call", "placeholder": False},
+            {"case": "weather-paris", "temperature": 0.7, "outcome": "words", "placeholder": False}]
+    summary = tc.summarize(rows)
+    assert summary["0"] == {"no_tool_in_words": 1, "no_tool": 2, "tool_called": 2, "tool_right_function": 0, "tool": 2,
+                            "placeholders": 1}
+    assert summary["0.7"]["tool_called"] == 0 and summary["0.7"]["tool"] == 1
