@@ -21,8 +21,8 @@ def request(**kwargs) -> pb.GenerateRequest:
     messages = [pb.ChatMessage(role="system", content="You are a town guard."),
                 pb.ChatMessage(role="user", content="A thief runs past you!")]
     kwargs.setdefault("max_tokens", 60)
-    return pb.GenerateRequest(messages=pb.ChatMessages(messages=messages), tools=TOOLS,
-                              sampling=pb.SamplingParams(temperature=0.0), **kwargs)
+    kwargs.setdefault("sampling", pb.SamplingParams(temperature=0.0))
+    return pb.GenerateRequest(messages=pb.ChatMessages(messages=messages), tools=TOOLS, **kwargs)
 
 
 def test_a_call_of_a_declared_tool_comes_in_the_final_chunk(client) -> None:
@@ -79,6 +79,32 @@ def test_a_session_is_told_its_tools_once_not_every_turn(client) -> None:
     assert changed.final.tool_call.name == "raise_alarm"
     assert changed.final.usage.prompt_tokens - changed.final.usage.cached_prompt_tokens > 20
     client.end_session("guard-tools")
+
+
+def test_auto_is_plain_words_unless_the_reply_opens_a_call(client, smollm2_path) -> None:
+    """Issue 36 (7): under auto the reply is the model's own words, as text (no JSON around them),
+    unless it opens with `{`: then it is held to the calls' grammar. The model's choice is steered
+    here by logit bias, so both paths are the grammar's, whatever this CPU's SmolLM2 would pick."""
+    from sidecar.native.model import NativeModel
+
+    model = NativeModel(smollm2_path)
+    try:
+        opening = [t for t in range(model.n_vocab) if model.piece(t).lstrip()[:1] == b"{"]
+        [brace] = model.tokenize("{", add_bos=False, parse_special=False)
+    finally:
+        model.close()
+    # attack only: its target is at most 30 characters, so a call favouring `{` everywhere still closes.
+    favoured = request(tool_choice="auto", sampling=pb.SamplingParams(temperature=0.0, logit_bias={brace: 100.0}))
+    del favoured.tools[1:]
+    call = client.complete(favoured)
+    assert call.final.finish_reason == pb.FINISH_REASON_TOOL_CALL and call.final.tool_call.name == "attack", call.text
+    jsonschema.validate(json.loads(call.final.tool_call.arguments_json), ATTACK)
+    # With every token that opens a call banned, words remain (a JSON-only grammar, as auto's was,
+    # would have no token left: INVALID_ARGUMENT).
+    banned = pb.SamplingParams(temperature=0.0, logit_bias={t: -100.0 for t in opening})
+    words = client.complete(request(tool_choice="auto", max_tokens=16, sampling=banned))
+    assert not words.final.HasField("tool_call") and words.final.finish_reason != pb.FINISH_REASON_TOOL_CALL
+    assert words.text.strip() and not words.text.lstrip().startswith("{")
 
 
 @pytest.mark.parametrize("tool", [

@@ -33,15 +33,16 @@ Ported (llama.cpp test -> test here):
 - test_tokenize: test_tokenize_detokenize, test_tokenize_with_bos, test_tokenize_with_pieces (and
   the special tokens, parse_special)
 - test_tool_call: do_test_completion_with_required_tool_tiny (TEST_TOOL, PYTHON_TOOL; whole and
-  streamed), test_completion_without_tool_call_fast (no tools; tool_choice "none"), do_test_calc_result
-  (an earlier call and its result sent back; here also two calls in one assistant message)
+  streamed), test_completion_without_tool_call_fast (no tools; TEST_TOOL under auto, greedy: the
+  one scenario here that rests on the model's choice, by a wide margin; tool_choice "none"),
+  do_test_calc_result (an earlier call and its result sent back; here also two calls in one
+  assistant message)
 
 Not ported:
 - the model's words: test_chat_completion's and test_completion's regexes and exact token counts
   (69, 77, ... prompt tokens of llama.cpp's tinyllama with its templates), test_load_split_model,
   test_weather, test_calc_result's "0.56", test_hello_world, test_completion_with_required_tool_real_model
-  (downloads 1-8 B models), test_completion_without_tool_call_slow and the TEST_TOOL case with
-  tool_choice "auto" (whether the model chooses to call is its choice, not a mechanism), because
+  (downloads 1-8 B models), test_completion_without_tool_call_slow, because
   tests here hold on any machine and SmolLM2 is not llama.cpp's test model
 - llama-server-only extensions: /completion (singular) and its n_predict, n_probs,
   completion_probabilities, post_sampling_probs, backend_sampling, return_tokens, response_fields,

@@ -313,10 +313,12 @@ def test_parallel_tool_calls_reach_the_model_and_every_call_comes_back(client: o
 @pytest.mark.parametrize("parallel", [False, True])
 def test_the_tool_instructions_hold_no_placeholder_a_model_could_copy(choice: str, parallel: bool) -> None:
     """With {"reply": "<your answer>"} in its instructions, SmolLM2 answered "<your answer>" in 5
-    of 10 greedy innkeeper turns (issue 28): the shapes are told in words now."""
+    of 10 greedy innkeeper turns (issue 28): the shapes are told in words now. Auto's words are
+    plain text (issue 36): no JSON key for them is told either."""
     instructions = _spec(choice, parallel).instructions
     assert re.search(r"<[^<>\n]*>", instructions) is None, instructions
-    assert '"reply"' in instructions if choice == "auto" else '"reply"' not in instructions
+    assert '"reply"' not in instructions
+    assert ("answer in words" in instructions) == (choice == "auto")
 
 
 # -- 8. validation messages --------------------------------------------------------------------

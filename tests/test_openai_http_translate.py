@@ -127,13 +127,19 @@ def test_tools_go_as_grpc_tools_a_schema_of_calls_and_instructions_for_the_sessi
     spec = spec_of(turn)
     schema = json.loads(spec.json_schema)
     assert [c["properties"]["name"]["const"] for c in schema["anyOf"]] == ["attack", "flee"]
-    assert "attack: strike a target" in spec.prompt.tool_instructions
+    assert '"name": "attack", "description": "strike a target"' in spec.prompt.tool_instructions
     named = json.loads(spec_of(chat(tools=[ATTACK, FLEE], tool_choice={"type": "function", "function": {"name": "flee"}})).json_schema)
     assert named["properties"]["name"] == {"const": "flee"}
     auto_turn = chat(tools=[ATTACK])
     assert auto_turn.request.tool_choice == "auto"  # OpenAI's default with tools; xlm.v1's is "required"
-    auto = json.loads(spec_of(auto_turn).json_schema)
-    assert [sorted(c["properties"]) for c in auto["anyOf"]] == [["arguments", "name"], ["reply"]]
+    # Auto's reply is words unless it opens a call, which is held to the calls' schema; no JSON
+    # schema goes to a remote server (words are no JSON), the grammar admits both here.
+    from sidecar.service.openai_http.request_models import Tool
+    from sidecar.service.openai_http.tools import tool_spec
+
+    assert auto_turn.tools.json_schema == tool_spec([Tool.model_validate(ATTACK)], "required").json_schema
+    auto = spec_of(auto_turn)
+    assert auto.json_schema == "" and "xlm-words" in auto.grammar
 
 
 def test_only_the_last_image_travels_with_the_request() -> None:
@@ -163,5 +169,8 @@ def test_replies_held_to_the_tools_grammar_parse_into_calls_or_text() -> None:
     spec = tool_spec([Tool.model_validate(ATTACK)], "auto")
     call = parse_reply('{"name": "attack", "arguments": {"target": "orc"}}', spec)
     assert call.content is None and call.calls[0]["function"] == {"name": "attack", "arguments": '{"target": "orc"}'}
-    assert parse_reply('{"reply": "Halt!"}', spec).content == "Halt!"
+    assert parse_reply("Halt! Who goes there?", spec).content == "Halt! Who goes there?"  # auto's words
+    assert parse_reply('{"reply": "Halt!"}', spec).content == "Halt!"  # words as JSON, as they were before
     assert parse_reply('{"name": "att', spec).content == '{"name": "att'  # cut by max_tokens: text
+    # No grammar held a remote server's reply: JSON naming an undeclared function is words.
+    assert parse_reply('{"name": "dance", "arguments": {}}', spec).calls == []

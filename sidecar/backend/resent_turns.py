@@ -90,8 +90,9 @@ def _same_message(sent: Message, held: Message) -> bool:
         written = json.loads(held[1])
     except ValueError:
         return False
-    # With tool_choice "auto" the model answers in words as {"reply": "<words>"}, which the client
-    # receives, and sends back, as the words alone.
+    # Under tool_choice "auto" the model's words were JSON, {"reply": "<words>"} (a session held
+    # from before issue 36, or a remote server's reply), which the client received, and sends
+    # back, as the words alone. Now they are plain words, the same text either way.
     if isinstance(written, dict) and set(written) == {"reply"} and written["reply"] == sent[1]:
         return True
     try:

@@ -165,12 +165,19 @@ def generation_spec_from_pb(r: pb.GenerateRequest, max_prompt_tokens: int | None
         prompt = replace(prompt, tool_instructions=tool_plan.instructions)
         json_schema = tool_plan.json_schema
     own_grammar = token_controls.caller_grammar(r)
+    grammar = own_grammar if own_grammar is not None else grammar_for(json_schema, compile_grammar)
+    if tool_plan is not None and tool_plan.auto:
+        # Words unless the reply opens a call. A remote server gets no schema (words are no JSON):
+        # its reply is read as a call only when it is one of a declared function.
+        if grammar is not None:
+            grammar = check_grammar(tool_calls.call_or_words_grammar(grammar, tool_plan.parallel), "tools")
+        json_schema = ""
     return GenerationSpec(
         prompt=prompt,
         sampling=sampling_from_pb(r.sampling),
         max_tokens=r.max_tokens or DEFAULT_MAX_TOKENS,
         stop=stops,
-        grammar=own_grammar if own_grammar is not None else grammar_for(json_schema, compile_grammar),
+        grammar=grammar,
         json_schema=json_schema,
         session_id=r.session_id,
         reset_session=r.reset_session,

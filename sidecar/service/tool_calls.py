@@ -1,11 +1,13 @@
 """Function calls for NPC actions, for every transport: the grammar a reply is held to, the words
 that tell the model about the functions, and the call read back from the reply.
 
-The reply is JSON under a schema built from the functions' own schemas, through the same
+A call is JSON under a schema built from the functions' own schemas, through the same
 json_schema grammar path as structured replies: an object whose "name" is one declared function
-and whose "arguments" fit its parameters; with `auto` also an object whose only key "reply" holds
-words; with several calls allowed (parallel_tool_calls) also an array of 1 to
-MAX_PARALLEL_CALLS call objects. So a call is always valid JSON naming a declared function.
+and whose "arguments" fit its parameters; with several calls allowed (parallel_tool_calls) also an
+array of 1 to MAX_PARALLEL_CALLS call objects. So a call is always valid JSON naming a declared
+function. With `auto` the reply is words unless it opens with a call's `{` (or `[`): words are the
+model's own plain text, and only a reply that starts a call is held to the call grammar, as
+llama-server's lazy grammars do (call_or_words_grammar).
 """
 
 from __future__ import annotations
@@ -24,6 +26,11 @@ TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 # Calls one reply may hold when several are allowed: OpenAI sets no number; a handful is what an
 # NPC does in one beat, and the grammar stays small.
 MAX_PARALLEL_CALLS = 8
+# A function declared without parameters takes none (OpenAI: "omitting parameters defines a
+# function with an empty parameter list"), so its arguments are {}. Any object, as they were,
+# let a model that picked such a function write one until max_tokens (SmolLM2 put another
+# function's parameters into it), and the call came back as cut text.
+NO_PARAMETERS = {"type": "object", "properties": {}, "additionalProperties": False}
 
 @dataclass(frozen=True)
 class Function:
@@ -34,10 +41,11 @@ class Function:
 
 @dataclass(frozen=True)
 class ToolPlan:
-    json_schema: str
+    json_schema: str  # what a call must fit (with `auto`, the reply may be words instead)
     instructions: str
     auto: bool  # the model may answer in words instead
     parallel: bool = False  # the reply may be an array of calls
+    names: tuple[str, ...] = ()  # the functions a call may name
 
 
 @dataclass(frozen=True)
@@ -77,7 +85,7 @@ def plan(functions: list[Function], choice: str | None, parallel: bool = False) 
         chosen = [by_name[choice]]
     calls: list[dict] = [{
         "type": "object",
-        "properties": {"name": {"const": f.name}, "arguments": f.parameters or {"type": "object"}},
+        "properties": {"name": {"const": f.name}, "arguments": f.parameters or NO_PARAMETERS},
         "required": ["name", "arguments"],
         "additionalProperties": False,
     } for f in chosen]
@@ -85,40 +93,71 @@ def plan(functions: list[Function], choice: str | None, parallel: bool = False) 
         one = calls[0] if len(calls) == 1 else {"anyOf": list(calls)}
         calls.append({"type": "array", "items": one, "minItems": 1, "maxItems": MAX_PARALLEL_CALLS})
     auto = choice == "auto"
-    if auto:
-        calls.append({"type": "object", "properties": {"reply": {"type": "string"}}, "required": ["reply"],
-                      "additionalProperties": False})
     schema = calls[0] if len(calls) == 1 else {"anyOf": calls}
-    return ToolPlan(json.dumps(schema), _instructions(chosen, auto, parallel), auto, parallel)
+    return ToolPlan(json.dumps(schema), _instructions(chosen, auto, parallel), auto, parallel,
+                    tuple(f.name for f in chosen))
 
 
 def _instructions(chosen: list[Function], auto: bool, parallel: bool) -> str:
-    # The shapes are told in words: a template with placeholders ({"reply": "<your answer>"}) was
-    # copied as it stood by small models, which answered "<your answer>" (issue 28).
-    lines = ['You can call these functions. To call one, reply with a JSON object of two keys: "name", '
-             'the function\'s name, and "arguments", an object of its parameters.']
-    if parallel:
-        lines.append(f"To call several at once, reply with a JSON array of such objects (at most {MAX_PARALLEL_CALLS}).")
+    # The functions as a JSON list, as llama.cpp's template polyfill shows them: SmolLM2 named the
+    # function that fits more often than from a line per function (bench/tool_choice.py's tool
+    # prompts under "required", greedy and 6 seeds: 30 of 42 calls, against 21). The shapes are
+    # told in words, never as a template with placeholders: small models copied
+    # {"reply": "<your answer>"} as their answer (issue 28).
+    listed = [{"name": f.name, "description": f.description, "parameters": f.parameters or NO_PARAMETERS}
+              for f in chosen]
+    lines = ["You have access to the following functions:", json.dumps(listed, ensure_ascii=False), ""]
+    shape = ('a JSON object of two keys, "name", the function\'s name, and "arguments", an object of its '
+             "parameters")
     if auto:
-        lines.append('To answer in words instead, reply with a JSON object whose one key, "reply", '
-                     "holds what you say, as a string.")
-    for f in chosen:
-        lines.append(f"- {f.name}: {f.description} Parameters: {json.dumps(f.parameters or {'type': 'object'})}")
+        lines.append(f"When the user asks for something one of them does, call it: reply with only {shape}.")
+    else:
+        lines.append(f"To call one, reply with {shape}.")
+    if parallel:
+        lines[-1] += (" To call several at once, reply with a JSON array of such objects "
+                      f"(at most {MAX_PARALLEL_CALLS}).")
+    if auto:
+        # Words are the usual reply: before, auto's grammar made every reply JSON, {"name": ...} or
+        # {"reply": ...}, and the instructions told the call first; SmolLM2 then opened nearly
+        # every reply with "name", calling a function for "Hello, who are you?" (issue 36).
+        lines[-1] += " Otherwise answer in words."
     return "\n".join(lines)
 
 
-def read_reply(text: str) -> ReadReply:
-    """A reply held to the plan's grammar: one call, an array of calls, or words. One cut short
-    (max_tokens) is no whole JSON: it stays text, and the finish reason says why."""
+def call_or_words_grammar(call_grammar: str, parallel: bool) -> str:
+    """tool_choice "auto": `call_grammar` (GBNF of the calls, from the plan's json_schema) for a
+    reply that opens with a call's `{` (or, with parallel calls, `[`), plain words otherwise.
+
+    Held to JSON throughout, every auto reply had to pick a key first, "name" or "reply", and a
+    small model picked "name" for anything; as plain text it answers as it would without tools,
+    and calls when it opens one itself (llama-server's lazy grammar, triggered by the call's start)."""
+    lines = call_grammar.split("\n")
+    roots = [i for i, line in enumerate(lines) if line.startswith("root ::=")]
+    if len(roots) != 1:
+        raise ValueError("the calls' grammar has no single root rule")
+    lines[roots[0]] = "xlm-call ::=" + lines[roots[0]][len("root ::="):]
+    opens = "{[" if parallel else "{"
+    lines += ["root ::= [ \\t\\n]* (xlm-call | xlm-words)",
+              f"xlm-words ::= [^{opens} \\t\\n] .*"]
+    return "\n".join(lines)
+
+
+def read_reply(text: str, names: tuple[str, ...] | None = None) -> ReadReply:
+    """A reply under the plan: one call, an array of calls, or words. One cut short (max_tokens)
+    is no whole JSON: it stays text, and the finish reason says why. `names`: the declared
+    functions, where no grammar held the reply (a remote server's): JSON naming any other is words."""
     try:
         value = json.loads(text)
     except ValueError:
         return ReadReply(text)
+    # Auto's words as JSON: what replies were before plain words (a session's history, a remote
+    # server told the old way).
     if isinstance(value, dict) and isinstance(value.get("reply"), str) and "name" not in value:
         return ReadReply(value["reply"])
     items = value if isinstance(value, list) else [value]
     calls = tuple(Call(v["name"], v["arguments"] if isinstance(v.get("arguments"), dict) else {})
-                  for v in items if isinstance(v, dict) and isinstance(v.get("name"), str))
+                  for v in items if isinstance(v, dict) and isinstance(v.get("name"), str)
+                  and (names is None or v["name"] in names))
     if calls and len(calls) == len(items):
         return ReadReply(None, calls)
     return ReadReply(text)

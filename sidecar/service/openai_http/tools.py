@@ -76,7 +76,7 @@ class ToolReply:
 
 
 def parse_reply(text: str, spec: ToolSpec) -> ToolReply:
-    read = tool_calls.read_reply(text)
+    read = tool_calls.read_reply(text, spec.names)
     calls = [{"id": "call_" + secrets.token_hex(8), "type": "function",
               "function": {"name": c.name, "arguments": json.dumps(c.arguments)}} for c in read.calls]
     return ToolReply(None if calls else read.content, calls)

@@ -52,7 +52,7 @@ namespace Xlm.Sidecar
     {
         /// <summary>The reply is a call of one of the tools.</summary>
         public static readonly ToolChoice Required = new ToolChoice("required");
-        /// <summary>A call, or words (then the reply's text is the JSON {"reply": "..."}).</summary>
+        /// <summary>A call, or words (then the reply's text is the words, as without tools).</summary>
         public static readonly ToolChoice Auto = new ToolChoice("auto");
         /// <summary>The tools are ignored: free text.</summary>
         public static readonly ToolChoice None = new ToolChoice("none");
