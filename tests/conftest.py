@@ -12,7 +12,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -121,11 +121,26 @@ def rpc_device() -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def smollm2_moe_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """SmolLM2 as a mixture of 4 identical experts (generated once per test session)."""
-    from sidecar.testmodels import smollm2_source_path, write_smollm2_moe
+def model_files(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., dict[str, Path]]:
+    """The test models of sidecar.testmodels, each written once per run into one folder, when a
+    test first asks for it: `model_files("tiny_llama", "tiny_projector")` -> {name: path};
+    `model_files()` -> every tiny model (ensure_test_models)."""
+    from sidecar.testmodels import ensure_test_models, write_models
 
-    return write_smollm2_moe(tmp_path_factory.mktemp("moe") / "smollm2_moe.gguf", source=smollm2_source_path())
+    folder = tmp_path_factory.mktemp("test-models")
+
+    def files(*names: str) -> dict[str, Path]:
+        return write_models(folder, names) if names else ensure_test_models(folder)
+
+    return files
+
+
+@pytest.fixture(scope="session")
+def smollm2_moe_path(model_files: Callable[..., dict[str, Path]]) -> Iterator[Path]:
+    """SmolLM2 as a mixture of 4 identical experts (generated once per test session)."""
+    path = model_files("smollm2_moe")["smollm2_moe"]
+    yield path
+    path.unlink(missing_ok=True)  # 250 MB: pytest keeps the last runs' temp folders
 
 
 def pytest_report_header(config: pytest.Config) -> str:

@@ -31,7 +31,6 @@ from sidecar.model_info import (
 )
 from sidecar.model_info.ggml_types import bits_per_weight, tensor_bytes
 from sidecar.model_info.kv import kv_cells
-from sidecar.testmodels import ensure_test_models
 
 SMOLLM2_CONFIG = {
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 576, "intermediate_size": 1536,
@@ -55,8 +54,8 @@ GEMMA3_4B = {
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory) -> dict[str, Path]:
-    return ensure_test_models(tmp_path_factory.mktemp("models"))
+def models(model_files) -> dict[str, Path]:
+    return model_files()
 
 
 @pytest.fixture(scope="module")

@@ -14,10 +14,8 @@ from no_early_stop import Vocabulary, default_eog_ids, eog_ids, file_eog_ids, gr
 
 
 @pytest.fixture(scope="module")
-def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    from sidecar.testmodels.registry import write_models
-
-    return write_models(tmp_path_factory.mktemp("eog"), ["tiny_llama", "tiny_llama_moe", "tiny_qwen3moe"])
+def tiny_models(model_files) -> dict[str, Path]:
+    return model_files("tiny_llama", "tiny_llama_moe", "tiny_qwen3moe")
 
 
 def _vocab(path: Path) -> Iterator[Vocabulary]:

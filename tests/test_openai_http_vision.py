@@ -17,7 +17,6 @@ from PIL import Image
 from conftest import RunningDaemon, start_daemon, stop_daemon
 from no_early_stop import http_bias, http_eog_ids
 from openai_http_support import http_base
-from sidecar.testmodels import ensure_test_models
 
 pytestmark = pytest.mark.slow
 PROJECTOR_TOKENS = 16  # the generated projector: 64 px images, 8 px patches pooled 2x2
@@ -31,8 +30,8 @@ def data_url(width: int = 320, height: int = 180, seed: int = 0) -> str:
 
 
 @pytest.fixture(scope="module")
-def vision_api(tmp_path_factory) -> Iterator[RunningDaemon]:
-    models = ensure_test_models(tmp_path_factory.mktemp("vision-models"))
+def vision_api(model_files) -> Iterator[RunningDaemon]:
+    models = model_files()
     running = start_daemon("--mmproj", str(models["smollm2_projector"]), "--no-websocket")
     yield running
     stop_daemon(running)

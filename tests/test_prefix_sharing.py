@@ -53,15 +53,6 @@ def make_engine(path: Path, cache_bytes: int, n_batch: int = 256) -> Engine:
     return Engine(engine_config(path, n_seq=4, n_batch=n_batch, prefix_cache_bytes=cache_bytes))
 
 
-@pytest.fixture(scope="module")
-def smollm2_moe_path(tmp_path_factory) -> Iterator[Path]:
-    from sidecar.testmodels import write_models
-
-    path = write_models(tmp_path_factory.mktemp("moe"), ["smollm2_moe"])["smollm2_moe"]
-    yield path
-    path.unlink()  # 250 MB
-
-
 # -- pure parts ---------------------------------------------------------------------------------
 
 

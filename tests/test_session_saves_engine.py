@@ -17,7 +17,6 @@ from sidecar.backend.save_format import open_archive, seal
 from sidecar.engine import Engine, EngineConfig, Finished, GenerationSpec, Prompt, SamplingConfig, TextDelta
 from sidecar.engine.prompts.prompt_build import build_prompt
 from sidecar.errors import InvalidArgument, NotFound, SidecarError
-from sidecar.testmodels.registry import write_models
 
 from no_early_stop import engine_eog_ids, engine_sampling
 
@@ -156,8 +155,8 @@ def test_another_context_size_rebuilds_from_text(saved, smollm2_path) -> None:
         c.close()
 
 
-def test_another_model_never_restores_a_foreign_state(saved, tmp_path) -> None:
-    tiny = write_models(tmp_path, ["tiny_llama"])["tiny_llama"]
+def test_another_model_never_restores_a_foreign_state(saved, model_files) -> None:
+    tiny = model_files("tiny_llama")["tiny_llama"]
     d = Engine(config(tiny, n_ctx=512))
     try:
         infos = import_(d, saved["with_kv"])

@@ -18,7 +18,6 @@ import pytest
 from PIL import Image
 
 from sidecar.api import pb
-from sidecar.testmodels import ensure_test_models
 from conftest import start_daemon, stop_daemon
 from no_early_stop import grpc_eog_ids, grpc_sampling
 
@@ -34,8 +33,8 @@ def screenshot(width: int = 1280, height: int = 720, seed: int = 0, fmt: str = "
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory) -> dict:
-    return ensure_test_models(tmp_path_factory.mktemp("vision-models"))
+def models(model_files) -> dict:
+    return model_files()
 
 
 @pytest.fixture(scope="module")

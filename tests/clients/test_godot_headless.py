@@ -20,7 +20,6 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, RunningDaemon, start_daemon, stop_daemon
-from sidecar.testmodels import write_models
 
 GODOT_PROJECT = REPO / "clients" / "godot"
 TEST_SCENE = "res://tests/protocol_test.tscn"
@@ -86,8 +85,8 @@ def godot() -> str:
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    return write_models(tmp_path_factory.mktemp("godot-headless-models"), ["tiny_llama", "tiny_projector"])
+def models(model_files) -> dict[str, Path]:
+    return model_files("tiny_llama", "tiny_projector")
 
 
 @pytest.fixture(scope="module")

@@ -28,7 +28,6 @@ from no_early_stop import grpc_eog_ids, http_bias
 from sidecar.api import pb
 from sidecar.errors import InvalidArgument
 from sidecar.service import json_frames, tool_calls, websocket_bridge
-from sidecar.testmodels import write_models
 
 ADDON = REPO / "clients" / "godot" / "addons" / "xlm_sidecar"
 FIXTURES = ADDON / "protocol_fixtures"
@@ -499,8 +498,8 @@ def replay_with_retries(daemon: RunningDaemon, fixture: dict, attempts: int = 3)
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    return write_models(tmp_path_factory.mktemp("godot-models"), ["tiny_llama", "tiny_projector"])
+def models(model_files) -> dict[str, Path]:
+    return model_files("tiny_llama", "tiny_projector")
 
 
 @pytest.fixture(scope="module")
