@@ -68,8 +68,6 @@ CORE_LIVE = [
     "no_daemon_is_unavailable",
     # Save games (SaveTests.cs): an NPC saved with and without its KV cache, loaded back.
     "an_npc_saves_and_loads_its_conversation",
-    # Save games (SaveTests.cs): an NPC saved with and without its KV cache, loaded back.
-    "an_npc_saves_and_loads_its_conversation",
     # Token controls (TokenControlTests.cs): mechanisms on the tiny llama, over both transports.
     "candidates_each_end_with_their_own_final",
     "logprobs_come_with_each_token",
