@@ -1,3 +1,5 @@
+# gdlint: disable=max-public-methods
+# (one call's results, read by the game: each kind of call adds its reader)
 class_name XlmCall
 extends RefCounted
 ## One call to the daemon: a reply being streamed (or several candidate replies), or a status,
@@ -163,13 +165,13 @@ func tokens() -> PackedInt32Array:
 func saved_sessions() -> Array[Dictionary]:
 	var infos: Array[Dictionary] = []
 	for info: Dictionary in Protocol.read_array(result, Protocol.FIELD_SESSIONS):
-		infos.append({
-			Protocol.FIELD_SESSION_ID: Protocol.read_string(info, Protocol.FIELD_SESSION_ID),
-			Protocol.FIELD_TOKENS: Protocol.read_int(info, Protocol.FIELD_TOKENS),
-			Protocol.FIELD_KV_BYTES: Protocol.read_int64(info, Protocol.FIELD_KV_BYTES),
-			Protocol.FIELD_RESTORED: Protocol.read_string(info, Protocol.FIELD_RESTORED),
-			Protocol.FIELD_REASON: Protocol.read_string(info, Protocol.FIELD_REASON),
-		})
+		var saved := {}
+		saved[Protocol.FIELD_SESSION_ID] = Protocol.read_string(info, Protocol.FIELD_SESSION_ID)
+		saved[Protocol.FIELD_TOKENS] = Protocol.read_int(info, Protocol.FIELD_TOKENS)
+		saved[Protocol.FIELD_KV_BYTES] = Protocol.read_int64(info, Protocol.FIELD_KV_BYTES)
+		saved[Protocol.FIELD_RESTORED] = Protocol.read_string(info, Protocol.FIELD_RESTORED)
+		saved[Protocol.FIELD_REASON] = Protocol.read_string(info, Protocol.FIELD_REASON)
+		infos.append(saved)
 	return infos
 
 

@@ -1,3 +1,5 @@
+# gdlint: disable=max-public-methods
+# (the client is the addon's API: one public method per daemon call, as the Unity client's)
 class_name XlmSidecarClient
 extends Node
 ## Talks to an xlm-sidecar daemon over its WebSocket bridge: NPC replies streamed token by token,
