@@ -3,8 +3,9 @@ of the vocabulary, nested repetitions, long chains of optional rules and wide al
 with grammars that hold, sent over gRPC and the WebSocket bridge while an NPC streams beside them.
 
 The run ends with its tally: requests, crashes, hangs, stalls (the streaming NPC waiting more than
-STALL_LIMIT_MS, or 8 times its typical gap on a machine where that is more) and undocumented codes;
-each must stay at zero. Kept to about a minute so CI runs it every time.
+STALL_LIMIT_MS, or 8 times its typical gap on a machine where that is more, again when the grammar
+is sent a second time) and undocumented codes; each must stay at zero. Gaps that did not come back
+are counted apart, as one-off gaps. Kept to about a minute so CI runs it every time.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ def fuzzed(request: pytest.FixtureRequest) -> Iterator[tuple[RunningDaemon, Hear
     beat.stop()
     alive = running.process.poll() is None
     TALLY["crashes"] += not alive
-    record_tally(request.config, "grammar fuzz tally", {k: TALLY[k] for k in ("requests", *FAILURES)})
+    record_tally(request.config, "grammar fuzz tally", {k: TALLY[k] for k in ("requests", *FAILURES, "one-off gaps")})
     assert alive, "the daemon died during the grammar fuzz"
     assert stop_daemon(running) == 0
 
@@ -106,7 +107,19 @@ def test_fuzzed_grammars_never_crash_or_stall_the_daemon(fuzzed, grammar: str, t
         TALLY["crashes"] += 1
     elif code not in ("OK", "INVALID_ARGUMENT", "RESOURCE_EXHAUSTED"):
         TALLY["undocumented codes"] += 1
-    if gap > max(STALL_LIMIT_MS, 8 * beat.typical_gap_ms()):
+    limit = max(STALL_LIMIT_MS, 8 * beat.typical_gap_ms())
+    stalled = gap > limit
+    if stalled and code not in ("CRASH", "UNAVAILABLE"):
+        # A stall the grammar causes comes back when it is sent again; one from this shared
+        # 2-core machine (another process, the test's own threads) does not. A comment makes the
+        # grammar new to the daemon's verdict cache, so the retry pays for its check again too.
+        TALLY["one-off gaps"] += 1
+        started = time.monotonic()
+        _send(daemon, f"{grammar}\n# retry {TALLY['one-off gaps']}\n", transport, temperature)
+        ended = time.monotonic()
+        time.sleep(0.2)
+        stalled = beat.longest_gap_ms(started, ended) > limit
+    if stalled:
         TALLY["stalls"] += 1
     grown = {k: TALLY[k] - before[k] for k in FAILURES if TALLY[k] > before[k]}
     assert not grown, (grown, code, f"{gap:.0f} ms", grammar[:300])
