@@ -21,6 +21,7 @@ import pytest
 from sidecar.backend.requests import TextDelta
 from sidecar.engine import Engine, Finished, FinishReason, GenerationSpec, Prompt, SamplingConfig
 from sidecar.engine.scheduling.step import SequenceDemand, plan_step
+from sidecar.errors import ResourceExhausted
 from sidecar.native.grammar import json_schema_grammar
 
 from engines import open_engine
@@ -159,3 +160,34 @@ def test_the_grammar_shortlist_chooses_as_the_whole_vocabulary_mask(engine: Engi
     monkeypatch.setattr(sampler_chain.SamplerChain, "_sample_shortlist", lambda self, ctx, index: None)
     masked, _ = run(engine, spec, jump=False)
     assert shortlisted == masked
+
+
+def test_the_jumps_grammar_work_counts_against_the_per_token_limit(engine: Engine, monkeypatch) -> None:
+    """The jump asks a copy of the grammar about every byte, a cost that grows with the grammar's
+    stacks as sampling's does: past GRAMMAR_TOKEN_LIMIT_MS that request ends, as when sampling
+    costs that much. A nested repetition's cost depends on the CPU, so the slow grammar here is a
+    probe that spins (a stand-in for llama.cpp's grammar work, which cannot be made slow on cue)."""
+    import time
+
+    from sidecar.engine.jump_forward import ForcedText
+    from sidecar.engine.sampler_chain import GRAMMAR_TOKEN_LIMIT_MS
+
+    real = ForcedText.forced_bytes
+
+    def slow(self, grammar):
+        spin_until = time.thread_time() + 1.5 * GRAMMAR_TOKEN_LIMIT_MS / 1000.0
+        while time.thread_time() < spin_until:
+            pass
+        return real(self, grammar)
+
+    monkeypatch.setattr(ForcedText, "forced_bytes", slow)
+    ended: list[object] = []
+    done = threading.Event()
+    engine.config = dataclasses.replace(engine.config, jump_forward=True)
+    engine.submit(ask("Act.", grammar=json_schema_grammar(json.dumps(SCHEMAS["npc state"]))),
+                  lambda event: (ended.append(event), done.set()) if not isinstance(event, TextDelta) else None)
+    assert done.wait(120)
+    assert isinstance(ended[0], ResourceExhausted) and "work on one token" in str(ended[0]), ended[0]
+    monkeypatch.setattr(ForcedText, "forced_bytes", real)
+    text, _ = run(engine, ask("Act.", grammar=json_schema_grammar(json.dumps(SCHEMAS["npc state"]))))
+    jsonschema.validate(json.loads(text), SCHEMAS["npc state"])  # the engine goes on

@@ -534,7 +534,11 @@ class Engine(Admitting, KvResizing, Reloading):
                                                  a.job.spec.logprobs, self.model.piece))
         if self._emit(slot, token):
             return
-        forced, must_end = self._forced_after(slot)
+        try:
+            forced, must_end = self._forced_after(slot)
+        except SidecarError as e:  # the jump's grammar work cost too much: this request only
+            self._fail(slot, e)
+            return
         for token in forced:
             a.forced_tokens += 1
             if self._emit(slot, token):
@@ -567,6 +571,7 @@ class Engine(Admitting, KvResizing, Reloading):
             return [], False
         if self._forced_text is None or self._forced_text.model is not self.model:
             self._forced_text = ForcedText(self.model)
+        started = time.thread_time()
         tokens, must_end = self._forced_text.forced_tokens(a.sampler.grammar)
         taken: list[int] = []
         for token in tokens:
@@ -574,6 +579,7 @@ class Engine(Admitting, KvResizing, Reloading):
                 break
             a.sampler.accept(token)
             taken.append(token)
+        a.sampler.charge_grammar_work(started)
         return taken, must_end and len(taken) == len(tokens)
 
     @staticmethod

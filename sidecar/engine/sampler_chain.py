@@ -133,12 +133,18 @@ class SamplerChain:
             raise InvalidArgument(f"the grammar, with the request's logit_bias, leaves no token this model can write "
                                   f"after {self.generated} tokens of the reply")
         self.accept(token)
+        self.charge_grammar_work(started)
+        return token
+
+    def charge_grammar_work(self, started: float) -> None:
+        """ResourceExhausted when the grammar's work since `started` (time.thread_time()) passed
+        GRAMMAR_TOKEN_LIMIT_MS: a token's sampling, or the jump after it (jump_forward.py clones
+        the grammar and asks it about every byte: a cost that grows with its stacks as well)."""
         spent_ms = (time.thread_time() - started) * 1000.0
         if spent_ms > GRAMMAR_TOKEN_LIMIT_MS:
             raise ResourceExhausted(f"the grammar's work on one token took {spent_ms:.0f} ms of CPU, more than its "
                                     f"share ({GRAMMAR_TOKEN_LIMIT_MS:.0f} ms, which every other conversation waits "
                                     f"for): simplify the grammar or schema (nested repetitions multiply its work)")
-        return token
 
     def _plan_shortlist(self, n_vocab: int, config: SamplingConfig, top_k: int) -> None:
         # Greedy needs the best token the grammar allows (checked on the choice itself); sampling

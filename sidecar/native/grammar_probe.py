@@ -7,7 +7,8 @@ start ended the process. So the service hands each new grammar to this child fir
 model's vocabulary only (no weights: milliseconds), compiles the grammar, checks that its token ids
 exist and that some token (the request's banned ones removed) can start it, then walks it: a few
 dozen steps, each applying the grammar to the whole vocabulary as a real pass does and accepting a
-token it allows, chosen at random (seeded by the grammar, so a verdict is reproducible). Tokens
+token it allows, chosen at random (seeded by the grammar, so a verdict is reproducible), half the
+time among the longest allowed. Tokens
 drawn from everything the grammar allows are where nested repetitions multiply its stacks, so a
 grammar whose work grows is caught within those steps. Compile and step times are the child's CPU
 time, so a busy PC does not make a grammar look costly.
@@ -39,6 +40,12 @@ WORKER_COMMAND = "_grammar-probe"
 # Steps of the walk: a tool call's fixed text is a few dozen tokens, and a repetition that
 # multiplies shows within a handful.
 WALK_TOKENS = 32
+# The share of steps that take one of the longest tokens allowed, the rest any allowed token. A
+# uniform choice often closes early (a string's closing quote is one of a handful of tokens a
+# pattern of repeated letters allows), and a short walk never reaches the depth where a nested
+# repetition's work explodes: `(a{0,30}){0,30}` passed the walk and then cost 322 ms a token on
+# the engine (issue 36, CI at 120a01e). Long tokens go deep within the same 32 steps.
+LONGEST_SHARE = 0.5
 # CPU time allowed to compile, and to one step (apply over the vocabulary and accept). Measured on
 # a 2-core Xeon with SmolLM2's 49k vocabulary: a tool call's JSON grammar costs up to 21 ms a step
 # inside a free-text string, a nested repetition (`(a{0,1000}){0,1000}`) 1,032 ms at its first
@@ -82,7 +89,7 @@ class _Probe:
         llama_cpp.llama_log_set(keep, ctypes.c_void_p(0))
         llama_cpp.llama_backend_init()
 
-    def _load(self, path: str) -> None:
+    def load(self, path: str) -> None:
         if self.model_path == path:
             return
         llama = self.llama
@@ -101,13 +108,14 @@ class _Probe:
         self.vocab = llama.llama_model_get_vocab(self.model)
         self.n_vocab = llama.llama_vocab_n_tokens(self.vocab)
         self.eog = np.array([llama.llama_vocab_is_eog(self.vocab, t) for t in range(self.n_vocab)], dtype=bool)
+        self.piece_bytes = np.array([len(self._piece_raw(t)) for t in range(self.n_vocab)], dtype=np.int32)
         self.candidates = TokenCandidates(self.n_vocab)
         _limit_memory()
 
     def check(self, request: dict) -> dict:
         import numpy as np
 
-        self._load(request["model"])
+        self.load(request["model"])
         grammar: str = request["grammar"]
         outside = token_ids_outside(grammar, self.n_vocab)
         if outside:
@@ -150,6 +158,9 @@ class _Probe:
             going_on = allowed[~self.eog[allowed]]
             if going_on.size == 0:  # only an end token: the walk reached a complete reply
                 break
+            if rng.random() < LONGEST_SHARE:
+                lengths = self.piece_bytes[going_on]
+                going_on = going_on[lengths == lengths.max()]
             token = int(going_on[rng.integers(going_on.size)])
             self.llama.llama_sampler_accept(sampler, token)
             spent = (time.thread_time() - started) * 1000.0
@@ -160,10 +171,13 @@ class _Probe:
             text.append(self._piece(token))
         return {"ok": True, "compile_ms": round(compile_ms, 2), "step_ms": round(worst, 2), "steps": steps + 1}
 
-    def _piece(self, token: int) -> str:
+    def _piece_raw(self, token: int) -> bytes:
         buffer = ctypes.create_string_buffer(256)
         n = self.llama.llama_token_to_piece(self.vocab, token, buffer, len(buffer), 0, True)
-        return buffer.raw[: max(n, 0)].decode("utf-8", errors="replace")
+        return buffer.raw[: max(n, 0)]
+
+    def _piece(self, token: int) -> str:
+        return self._piece_raw(token).decode("utf-8", errors="replace")
 
 
 def _refused(reason: str) -> dict:
@@ -192,9 +206,13 @@ def serve(requests, replies) -> int:
         line = requests.readline()
         if not line:
             return 0
-        _limit_cpu_for_one_check()
         try:
-            reply = probe.check(json.loads(line))
+            request = json.loads(line)
+            # The vocabulary is read (once per model) before the check's CPU time starts: it is the
+            # child's cost, not the grammar's.
+            probe.load(request["model"])
+            _limit_cpu_for_one_check()
+            reply = probe.check(request)
         except Exception as e:  # reported to the request; the child goes on
             reply = _refused(f"the grammar checker failed: {type(e).__name__}: {e}")
         replies.write(json.dumps(reply) + "\n")
