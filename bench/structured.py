@@ -158,4 +158,33 @@ def _report(rows: list[dict], streams: list[int]) -> dict:
                 ours = table.get(f"{case} | {n} | {side}")
                 if ours and peer:
                     print(f"{'':32}{side} faster than llama-server: x{peer['wall_s'] / ours['wall_s']:.2f}")
-    return {"table": table, "rows": rows}
+    same = _same_values(rows)
+    if same:
+        print("greedy, 1 stream: replies whose parsed JSON equals the daemon's token by token: "
+              + ", ".join(f"{side} {k}/{n}" for side, (k, n) in same.items()))
+    return {"table": table, "rows": rows, "same_values": same}
+
+
+def _parsed(text: str) -> object:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
+def _same_values(rows: list[dict]) -> dict[str, tuple[int, int]]:
+    """Jump-forward's values against plain constrained decoding's, reply by reply: the forced
+    text is the same, but its tokens are the tokenizer's split, and what the model writes after
+    them may differ (jump_forward.py). At 1 stream, greedy, each case's repeats pair up in order."""
+    same: dict[str, tuple[int, int]] = {}
+    for side in ("daemon, jump-forward", "llama-server"):
+        k = n = 0
+        for case in CASES:
+            plain = [r for r in rows if r["case"] == case and r["streams"] == 1 and r["side"] == "daemon, token by token"]
+            mine = [r for r in rows if r["case"] == case and r["streams"] == 1 and r["side"] == side]
+            for a, b in zip(plain, mine):
+                n += 1
+                k += _parsed(a["text"]) is not None and _parsed(a["text"]) == _parsed(b["text"])
+        if n:
+            same[side] = (k, n)
+    return same
