@@ -103,6 +103,10 @@ def llama_decode(llm, tokens: int, nonce: int) -> tuple[float, float]:
     return ((n - 1) / (last - first) if n > 1 else 0.0), ((first or time.perf_counter()) - started) * 1e3
 
 
+DAEMON = "daemon (its own choice)"
+DAEMON_NO_GUARD = "daemon, --no-frame-guard"
+
+
 def thread_choices() -> list[int]:
     """Thread counts a person tuning by hand would try: one, one per physical core, one per
     hardware thread."""
@@ -130,23 +134,30 @@ def single(args: argparse.Namespace) -> dict:
         for flash in (False, True):
             llms[f"threads={threads} flash={flash}"] = Llama(model_path=str(model), n_threads=threads, n_threads_batch=threads,
                                                             flash_attn=flash, n_ctx=2048, verbose=False)
-    runs: dict[str, list[tuple[float, float]]] = {"daemon (its own choice)": [], **{name: [] for name in llms}}
+    runs: dict[str, list[tuple[float, float]]] = {DAEMON: [], DAEMON_NO_GUARD: [], **{name: [] for name in llms}}
     bench_tg: dict[int, list[float]] = {}
-    daemon = start_daemon("--model", str(model), *profile_flags())
+    # The frame guard is on by default; the same daemon without it shows what it costs where no
+    # game runs (issue 40: its rule is that a load waiting for the replies costs them nothing).
+    daemons = {DAEMON: start_daemon("--model", str(model), *profile_flags()),
+               DAEMON_NO_GUARD: start_daemon("--model", str(model), "--no-frame-guard", *profile_flags())}
     try:
-        with daemon.client(timeout_s=600) as c:
-            daemon_decode(c, 8, -1)
+        with daemons[DAEMON].client(timeout_s=600) as c, daemons[DAEMON_NO_GUARD].client(timeout_s=600) as c_off:
+            clients = {DAEMON: c, DAEMON_NO_GUARD: c_off}
+            for client in clients.values():
+                daemon_decode(client, 8, -1)
             for llm in llms.values():
                 llama_decode(llm, 8, -1)
             for i in range(args.repeats):
-                runs["daemon (its own choice)"].append(daemon_decode(c, tokens, i))
+                for name in (clients if i % 2 == 0 else list(clients)[::-1]):
+                    runs[name].append(daemon_decode(clients[name], tokens, i))
                 for name, llm in llms.items():
                     runs[name].append(llama_decode(llm, tokens, i))
                 if bench_bin:
                     for t, tg in common.llama_bench_tg(bench_bin, model, thread_choices(), tokens, 1).items():
                         bench_tg.setdefault(t, []).append(tg)
     finally:
-        stop_daemon(daemon)
+        for daemon in daemons.values():
+            stop_daemon(daemon)
         llms.clear()
     rows = {name: [r[0] for r in pairs] for name, pairs in runs.items()}
     ttft = {name: [r[1] for r in pairs] for name, pairs in runs.items()}
@@ -164,11 +175,13 @@ def single(args: argparse.Namespace) -> dict:
     for name, values in rows.items():
         first = spread(ttft[name]) if name in ttft else f"{'n/a (llama-bench has none)':>30}"
         print(f"{name:45} {spread(values):>34}   {first:>30}")
-    d = statistics.median(rows["daemon (its own choice)"])
+    d = statistics.median(rows[DAEMON])
     ratios = {
+        "guard_on_vs_off": d / statistics.median(rows[DAEMON_NO_GUARD]),
+        "ttft_guard_on_vs_off": statistics.median(ttft[DAEMON]) / statistics.median(ttft[DAEMON_NO_GUARD]),
         "vs_defaults": d / statistics.median(rows["Llama() defaults"]),
         "vs_hand_tuned": d / statistics.median(best),
-        "ttft_vs_defaults": statistics.median(ttft["daemon (its own choice)"]) / statistics.median(ttft["Llama() defaults"]),
+        "ttft_vs_defaults": statistics.median(ttft[DAEMON]) / statistics.median(ttft["Llama() defaults"]),
     }
     bench_row = next((v for k, v in rows.items() if k.startswith("llama-bench")), None)
     if bench_row:
@@ -181,6 +194,8 @@ def single(args: argparse.Namespace) -> dict:
         print("llama-bench / defaults %.2fx: llama.cpp's own decode loop (no sampling, no streaming) at its best threads, "
               "against which 1.3x would have to be reached" % ratios["llama_bench_vs_defaults"])
     print("first token: daemon / defaults %.2fx (lower is better); the daemon's figure includes gRPC" % ratios["ttft_vs_defaults"])
+    print("frame guard on (the default) / off: decode %.2fx (target >= 0.97x), first token %.2fx (target <= 1.10x)"
+          % (ratios["guard_on_vs_off"], ratios["ttft_guard_on_vs_off"]))
     return {"tokens": tokens, "interleaved": True, "rows": rows, "ttft_ms": ttft, "ratios": ratios}
 
 

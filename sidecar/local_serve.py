@@ -124,6 +124,7 @@ def _start_frame_guard(settings: Settings, service: SidecarService, engine: Engi
         GuardSettings(frame_budget_ms=settings.frame_budget_ms, priority=settings.frame_guard_priority),
         settings.frame_guard,
         settings.game_pid, engine.set_pass_limits, lambda: engine.pass_limiter.last_pause_ms,
+        busy_since=lambda: engine.busy_since,
     )
     return asyncio.create_task(service.frame_guard.run(), name="frame-guard")
 

@@ -3,6 +3,7 @@ the process watch against a real busy process. The daemon side is in test_frame_
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import subprocess
@@ -275,3 +276,56 @@ def test_a_reporting_game_that_is_not_watched_is_not_also_counted_among_the_othe
         assert state.limits.max_threads == 1 and not state.limits.idle_class, state.reason
     busy = on_load(on_report(GuardState(), CLEAN, 0.0, S, cores=2), GameLoad(other_busy_cores=1.6), 0.5, S, cores=2)
     assert busy.limits.max_threads == 1 and "other processes keep 1.1 cores busy" in busy.reason
+
+
+def _reply_between(state: GuardState, idle: GameLoad, beside: GameLoad, t: float) -> GuardState:
+    """Samples with the daemon idle (the load `idle`), then a reply's samples (`beside` runs next to
+    it), then idle again: the state as the next reply would start."""
+    state = on_load(state, idle, t, S, cores=2)
+    state = on_load(state, dataclasses.replace(beside, daemon_busy=True), t + 0.5, S, cores=2)
+    state = on_load(state, dataclasses.replace(beside, daemon_busy=True), t + 1.0, S, cores=2)
+    return on_load(state, idle, t + 1.5, S, cores=2)
+
+
+def test_a_load_that_stops_while_the_replies_run_does_not_slow_their_start() -> None:
+    """A benchmark's other side, or a script that sends a request and then only reads: a core busy
+    between the replies and none while they run. The first reply starts with a thread fewer (nothing
+    was known); after one reply has shown that the load waits for it, the next starts with every core."""
+    between = GameLoad(other_busy_cores=1.1)
+    first = on_load(GuardState(), between, 0.0, S, cores=2)
+    assert first.limits.max_threads == 1
+    state = _reply_between(first, between, GameLoad(), 0.5)
+    assert state.limits.max_threads == 0 and "waits for the replies" in state.reason, state.reason
+    # While a reply runs, what runs beside it counts at once.
+    beside = on_load(state, GameLoad(other_busy_cores=1.1, daemon_busy=True), 2.5, S, cores=2)
+    assert beside.limits.max_threads == 1
+    # A heavier load than the one that waited is new: it counts from the first sample.
+    heavier = _reply_between(first, between, GameLoad(), 0.5)
+    heavier = on_load(heavier, GameLoad(game_busy_threads=1, other_busy_cores=1.1, watching_game=True), 2.5, S, cores=4)
+    assert heavier.limits.max_threads == 2
+
+
+def test_a_game_that_runs_beside_the_replies_keeps_its_core_at_their_start() -> None:
+    game = GameLoad(game_busy_cores=0.45, game_busy_threads=1, watching_game=True)
+    state = _reply_between(on_load(GuardState(), game, 0.0, S, cores=2), game, game, 0.5)
+    assert state.limits.max_threads == 1 and not state.waits_for_us
+    assert "waits" not in state.reason
+    # The same after a reply with nothing beside it but a light reader (below a tenth of a core).
+    reader = GameLoad(game_busy_cores=0.05, watching_game=True)
+    state = _reply_between(state, game, reader, 2.5)
+    assert state.limits.max_threads == 0 and state.waits_for_us  # the game stopped while the NPC spoke
+    state = _reply_between(state, game, game, 4.5)
+    assert state.limits.max_threads == 1 and not state.waits_for_us  # and it ran beside this one
+
+
+def test_the_watch_knows_whether_the_daemon_ran_passes_for_the_whole_interval() -> None:
+    since: list[float | None] = [None]
+    watch = ProcessWatch(None, busy_since=lambda: since[0])
+    watch.sample()
+    time.sleep(0.1)
+    assert watch.sample().daemon_busy is False  # idle
+    since[0] = time.monotonic()
+    time.sleep(0.1)
+    assert watch.sample().daemon_busy is False  # busy for part of the interval only
+    time.sleep(0.1)
+    assert watch.sample().daemon_busy is True

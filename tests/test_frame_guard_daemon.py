@@ -343,4 +343,3 @@ def test_frame_budget_flag_is_checked() -> None:
     done = subprocess.run([sys.executable, "-m", "sidecar", "serve", "--port", "0", "--frame-budget-ms", "0"],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "frame" in done.stderr.lower(), done.stderr
-

@@ -107,6 +107,9 @@ class Engine(Admitting, KvResizing, Reloading):
         self._waiting: deque[Job] = deque()
         self._closing = False
         self.last_reload_pause_ms = 0.0
+        # When the current run of passes began (time.monotonic()), None while idle: the frame
+        # guard tells what runs beside a reply from what runs between replies.
+        self.busy_since: float | None = None
         self._governor = GovernedThreads()
         self._forced_text: ForcedText | None = None  # built on the first grammar request
         self.pass_limiter = PassLimiter()  # the frame guard's (sidecar.guard)
@@ -274,10 +277,15 @@ class Engine(Admitting, KvResizing, Reloading):
                 continue
             self._admit()
             if any(s.busy for s in self._slots):
+                self.busy_since = self.busy_since or time.monotonic()
                 self._pass_safely()
                 self.pool.quiet_since = time.monotonic()
-            elif not self._waiting:
-                self._shrink_when_quiet()
+                if not any(s.busy for s in self._slots):  # the loop may now block on its inbox
+                    self.busy_since = None
+            else:
+                self.busy_since = None
+                if not self._waiting:
+                    self._shrink_when_quiet()
             self.model_calls.advance()  # one slice of an embedding call between two passes
         self._shutdown()
 

@@ -10,7 +10,9 @@ So the levers, in the order they are pulled:
    and makes the OS hand the core back the moment a game thread wakes, instead of at the end of a
    time slice.
 2. *Threads*: the cores the game's busy threads (and anything else busy on the machine) leave free,
-   at least one. A game thread busy 40% of a frame still needs a whole core when it runs.
+   at least one. A game thread busy 40% of a frame still needs a whole core when it runs. What
+   counts is what runs beside the replies: a load that stops whenever a reply runs (a benchmark's
+   other side, a script that asks and then reads) does not slow the next reply's start (on_load).
 3. With frame reports, feedback on top: while frames run past their budget the guard steps up one
    level every `step_up_s`; after `step_down_s` of clean frames it steps one back. Levels: one
    thread fewer; passes of at most `short_pass_tokens` tokens (a long prefill split so no pass holds
@@ -74,6 +76,8 @@ class GameLoad:
     game_busy_threads: int = 0
     other_busy_cores: float = 0.0  # the rest of the machine, neither the game nor the daemon
     watching_game: bool = False
+    # The daemon ran passes for the whole interval: what the watch saw is what runs beside a reply.
+    daemon_busy: bool = False
 
 
 @dataclass(frozen=True)
@@ -108,6 +112,14 @@ class GuardState:
     # The last report came from the watched process itself: the watch sees its threads, so nothing
     # is inferred from its frames.
     reporter_watched: bool = False
+    # Whether the load waits for the daemon (on_load): the most cores taken while it was idle since
+    # its last reply, while that reply ran (None outside a reply, or before a whole interval of
+    # one), the idle figure as that reply began, and the cores of the load last seen waiting.
+    idle_taken: int = 0
+    busy_taken: int | None = None
+    before_taken: int = 0
+    waits_for_us: bool = False
+    waited_taken: int = 0
 
 
 def budget_ms(settings: GuardSettings, window: FrameWindow | None) -> float:
@@ -143,7 +155,37 @@ def on_report(state: GuardState, window: FrameWindow, now_s: float, settings: Gu
 
 
 def on_load(state: GuardState, load: GameLoad, now_s: float, settings: GuardSettings, cores: int) -> GuardState:
+    """A sample of the watch. Besides the load itself it learns whether the load waits for the
+    daemon: a load that was there before a reply and took no core while the reply ran (a
+    benchmark's other side, a script that sends a request and then only reads the reply) is not
+    held against the next reply's start; anything that runs beside a reply counts at once."""
+    taken = _taken(load)
+    if load.daemon_busy:
+        if state.busy_taken is None:
+            state = replace(state, busy_taken=taken, before_taken=state.idle_taken)
+        else:
+            state = replace(state, busy_taken=max(state.busy_taken, taken))
+    else:
+        if state.busy_taken is not None:  # a reply just ended: what ran beside it is known
+            if state.busy_taken > 0:  # something ran beside it: nothing waits
+                state = replace(state, waits_for_us=False, waited_taken=0)
+            elif state.before_taken > 0:  # a load before it, none beside it: that load waits
+                state = replace(state, waits_for_us=True, waited_taken=state.before_taken)
+            # (nothing before and nothing beside: no news either way)
+            state = replace(state, busy_taken=None, idle_taken=0)
+        state = replace(state, idle_taken=max(state.idle_taken, taken))
     return decide(replace(state, load=load), now_s, settings, cores)
+
+
+def _taken(load: GameLoad) -> int:
+    return load.game_busy_threads + _whole_cores(load.other_busy_cores)
+
+
+def _waiting_for_us(state: GuardState) -> bool:
+    """The sampled load is one that waited for the daemon's last reply, at no more cores than it
+    took before that reply: the next reply starts with the cores free (a load beyond it counts)."""
+    load = state.load
+    return not load.daemon_busy and state.waits_for_us and 0 < _taken(load) <= state.waited_taken
 
 
 def _whole_cores(busy: float) -> int:
@@ -153,6 +195,9 @@ def _whole_cores(busy: float) -> int:
 def decide(state: GuardState, now_s: float, settings: GuardSettings, cores: int) -> GuardState:
     """The limits for the state's load and level, and why."""
     load = state.load
+    waiting = _waiting_for_us(state)
+    if waiting:
+        load = GameLoad(watching_game=load.watching_game)
     reporting = now_s - state.last_report_s <= settings.report_stale_s
     level = state.level if reporting else 0
     other_cores = load.other_busy_cores
@@ -180,6 +225,9 @@ def decide(state: GuardState, now_s: float, settings: GuardSettings, cores: int)
         why.append("the game reports frames with work in them: one core for its main thread")
     if others:
         why.append(f"other processes keep {other_cores:.1f} cores busy")
+    if waiting:
+        why.append(f"the load on the machine ({state.waited_taken} core(s)) took none while a reply ran: "
+                   "it waits for the replies, so the next one starts with every core")
     if level >= 1:
         threads = max(1, (threads or cores) - 1)
     tokens = settings.short_pass_tokens if level >= 2 else 0

@@ -106,8 +106,10 @@ def _check_fits_window(report: pb.FrameReport) -> None:
 class ProcessWatch:
     """CPU time of the game's process per thread, and of the whole machine, between two samples."""
 
-    def __init__(self, game_pid: int | None, busy_share: float = GuardSettings.busy_thread_share) -> None:
+    def __init__(self, game_pid: int | None, busy_share: float = GuardSettings.busy_thread_share,
+                 busy_since: Callable[[], float | None] = lambda: None) -> None:
         self._busy_share = busy_share
+        self._busy_since = busy_since  # when the engine's current run of passes began; None: idle
         self._own = psutil.Process()
         self._game = None
         if game_pid and game_pid != os.getpid():
@@ -136,8 +138,10 @@ class ProcessWatch:
         shares = [(cpu - last[1].get(tid, cpu)) / dt for tid, cpu in threads.items()]
         game = sum(shares)
         other = max(0.0, (busy - last[2]) / dt - (own - last[3]) / dt - game)
+        busy_since = self._busy_since()
         return GameLoad(game_busy_cores=game, game_busy_threads=sum(1 for s in shares if s >= self._busy_share),
-                        other_busy_cores=other, watching_game=self._game is not None)
+                        other_busy_cores=other, watching_game=self._game is not None,
+                        daemon_busy=busy_since is not None and busy_since <= last[0])
 
 
 class FrameGuard:
@@ -146,7 +150,7 @@ class FrameGuard:
 
     def __init__(self, settings: GuardSettings, enabled: bool, game_pid: int | None,
                  apply: Callable[[PassLimits], None], pause_ms: Callable[[], float] = lambda: 0.0,
-                 cores: int | None = None) -> None:
+                 cores: int | None = None, busy_since: Callable[[], float | None] = lambda: None) -> None:
         self.settings, self.enabled = settings, enabled
         self.cores = cores or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
         self._pause_ms = pause_ms
@@ -154,7 +158,7 @@ class FrameGuard:
         if not enabled:
             self.state = replace(self.state, source="off", reason="--no-frame-guard: the plan's threads, no pauses")
         self._apply = apply
-        self._watch = ProcessWatch(game_pid, settings.busy_thread_share) if enabled else None
+        self._watch = ProcessWatch(game_pid, settings.busy_thread_share, busy_since) if enabled else None
         self._priority = LowPriority()
         self._game = GameClients(game_pid)
         self._allowances: dict[str, tuple[float, float]] = {}  # client -> (reports left, when)
