@@ -138,8 +138,11 @@ def single(args: argparse.Namespace) -> dict:
     bench_tg: dict[int, list[float]] = {}
     # The frame guard is on by default; the same daemon without it shows what it costs where no
     # game runs (issue 40: its rule is that a load waiting for the replies costs them nothing).
-    daemons = {DAEMON: start_daemon("--model", str(model), *profile_flags()),
-               DAEMON_NO_GUARD: start_daemon("--model", str(model), "--no-frame-guard", *profile_flags())}
+    # Without a stored profile, off: a daemon measuring one in the background does so while the
+    # other sides run, and each daemon's profiler is then a load beside the other's replies.
+    profile = profile_flags() or ["--profile", "off"]
+    daemons = {DAEMON: start_daemon("--model", str(model), *profile),
+               DAEMON_NO_GUARD: start_daemon("--model", str(model), "--no-frame-guard", *profile)}
     try:
         with daemons[DAEMON].client(timeout_s=600) as c, daemons[DAEMON_NO_GUARD].client(timeout_s=600) as c_off:
             clients = {DAEMON: c, DAEMON_NO_GUARD: c_off}
