@@ -282,10 +282,8 @@ class Engine(Admitting, KvResizing, Reloading):
                 self.pool.quiet_since = time.monotonic()
                 if not any(s.busy for s in self._slots):  # the loop may now block on its inbox
                     self.busy_since = None
-            else:
-                self.busy_since = None
-                if not self._waiting:
-                    self._shrink_when_quiet()
+            elif not self._waiting:
+                self._shrink_when_quiet()
             self.model_calls.advance()  # one slice of an embedding call between two passes
         self._shutdown()
 

@@ -118,8 +118,11 @@ class GuardState:
     idle_taken: int = 0
     busy_taken: int | None = None
     before_taken: int = 0
-    waits_for_us: bool = False
     waited_taken: int = 0
+
+    @property
+    def waits_for_us(self) -> bool:
+        return self.waited_taken > 0
 
 
 def budget_ms(settings: GuardSettings, window: FrameWindow | None) -> float:
@@ -168,9 +171,9 @@ def on_load(state: GuardState, load: GameLoad, now_s: float, settings: GuardSett
     else:
         if state.busy_taken is not None:  # a reply just ended: what ran beside it is known
             if state.busy_taken > 0:  # something ran beside it: nothing waits
-                state = replace(state, waits_for_us=False, waited_taken=0)
+                state = replace(state, waited_taken=0)
             elif state.before_taken > 0:  # a load before it, none beside it: that load waits
-                state = replace(state, waits_for_us=True, waited_taken=state.before_taken)
+                state = replace(state, waited_taken=state.before_taken)
             # (nothing before and nothing beside: no news either way)
             state = replace(state, busy_taken=None, idle_taken=0)
         state = replace(state, idle_taken=max(state.idle_taken, taken))
@@ -185,7 +188,7 @@ def _waiting_for_us(state: GuardState) -> bool:
     """The sampled load is one that waited for the daemon's last reply, at no more cores than it
     took before that reply: the next reply starts with the cores free (a load beyond it counts)."""
     load = state.load
-    return not load.daemon_busy and state.waits_for_us and 0 < _taken(load) <= state.waited_taken
+    return not load.daemon_busy and 0 < _taken(load) <= state.waited_taken
 
 
 def _whole_cores(busy: float) -> int:
@@ -203,7 +206,7 @@ def decide(state: GuardState, now_s: float, settings: GuardSettings, cores: int)
     other_cores = load.other_busy_cores
     game_threads = load.game_busy_threads
     # What the watch measured, whatever the reports say: the idle class and the ladder's floor go by it.
-    measured = game_threads + _whole_cores(other_cores)
+    measured = _taken(load)
     if reporting and state.last_window is not None and not game_threads and not state.reporter_watched:
         # A game that reports frames with real work in them has at least its main thread busy, even
         # where its process is not the one we watch (it reports with the game token from another
