@@ -80,6 +80,8 @@ SCENARIOS: dict[str, Scenario] = {
                            "structured:scenario", "structured:options", suite=False, repeats=3),
     "save-games": Scenario("16 NPCs saved with and without KV, a restart, restored against rebuilt and resent in full",
                            "save_games:scenario", "save_games:options", suite=False, repeats=None),
+    "prompt-gap": Scenario("3 streams while a prompt at the size limit, 1 MB or 6 MB arrives: their longest gap",
+                           "prompt_gap:scenario", "prompt_gap:options", suite=False, repeats=3),
     "busy-cpu": Scenario("4 streams beside a busy core: the thread governor against maxCpuThreads 1 by hand",
                          "busy_cpu:scenario", "busy_cpu:options", suite=False),
 }

@@ -25,6 +25,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import tomllib
 from pathlib import Path
 
@@ -87,13 +88,30 @@ def download_wheels(dest: Path, python_version: str, requirements: list[str]) ->
     return sorted(dest.glob("*.whl"))
 
 
-def build_cuda_wheel(dest: Path, arch: str) -> Path:
+def build_cuda_wheel(dest: Path, arch: str, source: Path | None = None, llama_bench: Path | None = None) -> Path:
+    """Compile llama-cpp-python with CUDA into a wheel in `dest`; with `llama_bench`, also build
+    llama.cpp's llama-bench there from the same build folder: one CUDA compile (the long part)
+    gives both, and the peer links the very libraries the daemon loads."""
     dest.mkdir(parents=True, exist_ok=True)
     version = re.search(r'"llama-cpp-python==([\d.]+)"', (REPO / "pyproject.toml").read_text())[1]
     env = {**os.environ, "CMAKE_ARGS": CUDA_CMAKE.format(arch=arch), "CMAKE_BUILD_PARALLEL_LEVEL": str(os.cpu_count() or 2)}
-    print(f"compiling llama-cpp-python {version} with CMAKE_ARGS={env['CMAKE_ARGS']!r} (long)", flush=True)
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-cache-dir", f"llama-cpp-python=={version}",
-                    "-w", str(dest)], check=True, env=env)
+    build_dir = Path(tempfile.mkdtemp(prefix="llama-cuda-build-"))
+    print(f"compiling llama-cpp-python {version} with CMAKE_ARGS={env['CMAKE_ARGS']!r} in {build_dir} (long)", flush=True)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-cache-dir",
+                    str(source) if source else f"llama-cpp-python=={version}", "-w", str(dest),
+                    f"--config-settings=build-dir={build_dir}"], check=True, env=env)
+    if llama_bench is not None:
+        # The tools are off when llama.cpp is a subproject; turning them on adds targets and
+        # leaves the CUDA objects up to date. The libraries' run path is the build folder's, which
+        # the GPU machine lacks: run.sh puts the wheel's llama_cpp/lib on the loader's path.
+        # --allow-shlib-undefined: a toolkit without the driver's stub libcuda.so links against an
+        # empty one (deploy/README.md); the real libcuda.so.1 resolves the symbols at run time.
+        subprocess.run(["cmake", str(build_dir), "-DLLAMA_BUILD_TOOLS=ON",
+                        "-DCMAKE_EXE_LINKER_FLAGS=-Wl,--allow-shlib-undefined"], check=True)
+        subprocess.run(["cmake", "--build", str(build_dir), "-j", str(os.cpu_count() or 2), "--target", "llama-bench"],
+                       check=True)
+        shutil.copy2(build_dir / "bin" / "llama-bench", llama_bench)
+    shutil.rmtree(build_dir, ignore_errors=True)
     return next(dest.glob("llama_cpp_python-*.whl"))
 
 
@@ -125,7 +143,13 @@ export LD_LIBRARY_PATH="$cuda_libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   || { echo "run.sh: the bundle is missing a package (above)" >&2; exit 2; }
 echo "installed the bundle in $(( $(date +%s) - started )) s into $site" >&2
 bench=()
-[ -x "$bundle/llama-bench" ] && bench=(--llama-bench "$bundle/llama-bench")
+if [ -x "$bundle/llama-bench" ]; then
+  # llama-bench was linked in the build folder of the CUDA wheel: it loads that wheel's libraries.
+  wrapper=$(dirname "$site")/llama-bench
+  printf '#!/bin/sh\nLD_LIBRARY_PATH="%s/llama_cpp/lib:$LD_LIBRARY_PATH" exec "%s" "$@"\n' "$site" "$bundle/llama-bench" >"$wrapper"
+  chmod +x "$wrapper"
+  bench=(--llama-bench "$wrapper")
+fi
 mkdir -p "$out"
 "$python" "$repo/deploy/gpu_check.py" --offline --out "$out" --workdir "${GPU_CHECK_WORKDIR:-/tmp/xlm-gpu-check}" \
   "${bench[@]}" "$@" 2>&1 | tee "$out/gpu_check.log"
@@ -140,7 +164,8 @@ def build(args: argparse.Namespace) -> int:
     if args.cuda_wheel:
         shutil.copy2(args.cuda_wheel, out / "llama")
     elif args.build_cuda:
-        build_cuda_wheel(out / "llama", args.cuda_arch)
+        bench = out / "llama-bench" if args.with_llama_bench else None
+        build_cuda_wheel(out / "llama", args.cuda_arch, args.llama_cpp_source, bench)
     else:
         print("no CUDA wheel: give --build-cuda or --cuda-wheel before running the bundle on a GPU", file=sys.stderr)
     wheels = download_wheels(out / "wheels", args.python_version, daemon_requirements())
@@ -179,6 +204,9 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--cuda-arch", default="90", help="CMAKE_CUDA_ARCHITECTURES (90: H100/H200)")
     b.add_argument("--python-version", default="3.12", help="the GPU machine's Python (its image: 3.12)")
     b.add_argument("--llama-bench", type=Path, help="a CUDA llama-bench to carry, for the peer comparison")
+    b.add_argument("--with-llama-bench", action="store_true",
+                   help="with --build-cuda: also build llama-bench from the same compile, and carry it")
+    b.add_argument("--llama-cpp-source", type=Path, help="with --build-cuda: an unpacked llama-cpp-python sdist")
     b.add_argument("--carry-all", action="store_true",
                    help="carry every dependency, also those the H200 image holds (a machine of unknown image; no size limit)")
     args = ap.parse_args(argv)

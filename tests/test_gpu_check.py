@@ -58,6 +58,42 @@ def test_dry_run_prints_every_step_and_runs_nothing(capsys: pytest.CaptureFixtur
     assert "llama-bench" not in out and "daemon 2G" in out
 
 
+def test_a_failed_step_is_reported_and_the_rest_still_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A lent GPU machine runs the check once: one llama-bench configuration failing must not
+    lose the other budgets' figures, and results are on disk after every step."""
+    gc = _gpu_check()
+    args = gc.parse_args(["--budgets", "2G,4G", "--out", str(tmp_path / "out"), "--workdir", str(tmp_path)])
+    check = gc.GpuCheck(args)
+    ran: list[str] = []
+
+    def step(name: str, fail: bool = False):
+        def run() -> None:
+            ran.append(name)
+            assert (tmp_path / "out" / "results.json").is_file() or not ran[:-1]  # written after the earlier step
+            if fail:
+                raise RuntimeError(f"{name} broke")
+        return gc.Step(name, name, run)
+
+    steps = [step("gpu"), step("by hand 2G", fail=True), step("daemon 4G")]
+    monkeypatch.setattr(check, "steps", lambda: steps)
+    assert check.run(dry_run=False) == 4
+    assert ran == ["gpu", "by hand 2G", "daemon 4G"]
+    saved = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert saved["errors"] == {"by hand 2G": "RuntimeError: by hand 2G broke"} and saved["skipped"] == []
+    assert set(saved["step_seconds"]) == {"gpu", "by hand 2G", "daemon 4G"}
+
+    fatal = gc.GpuCheck(args)
+    monkeypatch.setattr(fatal, "steps", lambda: [step("model", fail=True), step("daemon 4G")])
+    with pytest.raises(RuntimeError, match="model broke"):  # nothing can be measured without the model
+        fatal.run(dry_run=False)
+
+    late = gc.GpuCheck(gc.parse_args(["--budgets", "2G", "--deadline-s", "0", "--out", str(tmp_path / "late")]))
+    monkeypatch.setattr(late, "steps", lambda: [step("gpu"), step("daemon 2G")])
+    ran.clear()
+    assert late.run(dry_run=False) == 0 and ran == []
+    assert json.loads((tmp_path / "late" / "results.json").read_text())["skipped"] == ["gpu", "daemon 2G"]
+
+
 def test_best_configuration_is_the_fastest_within_the_budget() -> None:
     runs = [Measured("-ngl 4", 20.0, int(1.9 * GIB)), Measured("-ngl 5", 25.0, int(2.2 * GIB)),
             Measured("-ngl 99 -ncmoe 24", 30.0, int(1.95 * GIB))]

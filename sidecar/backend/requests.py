@@ -195,12 +195,16 @@ class Job:
     sink: Sink
     submitted_at: float = field(default_factory=time.perf_counter)
     cancel_event: threading.Event = field(default_factory=threading.Event)
-    # The prompt's tokens, once the engine has tokenized it (to pick the sequence that already
-    # holds the longest prefix of it); engine thread only.
+    # The prompt's tokens once tokenized (to pick the sequence that already holds the longest
+    # prefix of it): by the prompt thread before the engine sees the job, else by the engine.
     prompt_tokens: list[int] | None = None
     # Where its shared prompt prefix ends (prefix_sharing.share_cut; 0: none), once decided.
     share_cut: int | None = None
     waited_for_prefix: bool = False
+    # Its prompt as built on the prompt thread (prompt_prep.Prebuilt), and the error that refused
+    # it there; set before the engine thread sees the job.
+    prebuilt: object | None = None
+    prep_error: Exception | None = None
     # Its image's embeddings (or the error encoding it raised) once the vision worker has answered;
     # set from the worker's reply thread (image_encodes.py).
     encoded: object | None = None

@@ -13,7 +13,6 @@ from collections import deque
 
 import structlog
 
-from sidecar.backend.prompt_layout import context_tokens
 from sidecar.backend.requests import Job
 from sidecar.engine.finish_report import cancelled_before_start
 from sidecar.engine.prefix.prefix_sharing import shareable_tokens
@@ -102,7 +101,7 @@ class Admitting:
                 new,
                 known,
                 lambda job: shareable_tokens(job, self.sessions, self._one_off_prompt_tokens),
-                lambda prompt: context_tokens(self.model.render_chat, self.model.tokenize, prompt),
+                self.prep.contexts,  # kept from the prompt thread, which computed them first
             )
         except Exception:  # sharing is an optimisation: never let it stop admission
             log.exception("planning shared prefixes failed")

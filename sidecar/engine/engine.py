@@ -42,6 +42,7 @@ from sidecar.engine.prompts.image_prompt import image_report, whole_images_prefi
 from sidecar.engine.prefix.prefix_cache import PrefixCache
 from sidecar.engine.prefix.prefix_sharing import PrefixSharing
 from sidecar.engine.prompts.prompt_build import BuiltPrompt, build_prompt
+from sidecar.engine.prompts.prompt_prep import PrepSettings, PromptPrep
 from sidecar.engine.finish_report import finished
 from sidecar.engine.scheduling.packing import packing_moves, swap
 from sidecar.engine.loading import context_for, load_model_and_context
@@ -117,6 +118,16 @@ class Engine(Admitting, KvResizing, Reloading):
         self.model_calls = ModelCalls(lambda: self.model,
                                       lambda: self._guarded(self._governor.threads(self.config, self.config.threads_prefill)),
                                       lambda: self.pass_limiter.batch(self.config.n_batch), self.pass_limiter.pause_after)
+        # Prompts are built on a thread of their own before they reach this one (prompt_prep.py);
+        # the lock keeps a reload from freeing the model under it, and the generation tells a
+        # prompt built with the old model from one built with the new.
+        self._model_lock = threading.Lock()
+        self.model_generation = 0
+        self.prompts_built_on_engine_thread = 0  # prompts prepared beside it were stale, or not preparable
+        self.prep = PromptPrep(
+            PrepSettings(lambda: self.model, self._model_lock, lambda: self.model_generation,
+                         lambda: self._ctx.ctx_per_seq, lambda: self.config.max_prompt_tokens),
+            self.sessions, self._inbox.put)
         self._thread = threading.Thread(target=self._run, name="xlm-engine", daemon=True)
         self.phase = EnginePhase.READY
         self._thread.start()
@@ -145,12 +156,12 @@ class Engine(Admitting, KvResizing, Reloading):
         """
         if self._closing or self.phase is EnginePhase.STOPPED:
             raise Unavailable(f"the engine is {self.phase.value}")
-        if self._inbox.qsize() + len(self._waiting) >= self.config.max_queue:
+        if self.prep.pending() + self._inbox.qsize() + len(self._waiting) >= self.config.max_queue:
             raise ResourceExhausted(f"{self.config.max_queue} requests are already waiting; try again shortly")
         if spec.max_tokens > self.config.max_tokens_per_request:
             raise InvalidArgument(f"max_tokens {spec.max_tokens} is above the limit {self.config.max_tokens_per_request}")
         job = Job(spec=spec, sink=sink, resent=spec if spec.resends_history else None)
-        self._inbox.put(job)
+        self.prep.put(job)  # rendered and tokenized there, then passed to the engine thread
         return job
 
     @property
@@ -221,7 +232,7 @@ class Engine(Admitting, KvResizing, Reloading):
             throughput=self.stats.snapshot(),
             sessions=self.sessions.views(),
             requests_active=sum(1 for s in self._slots if s.busy),
-            requests_queued=self._inbox.qsize() + len(self._waiting),
+            requests_queued=self.prep.pending() + self._inbox.qsize() + len(self._waiting),
             kv_tokens=kv_tokens,
             kv_cache_bytes=kv_tokens * self._kv_bytes_per_token,
             last_reload_pause_ms=self.last_reload_pause_ms,
@@ -242,6 +253,7 @@ class Engine(Admitting, KvResizing, Reloading):
             return
         self._closing = True
         self.phase = EnginePhase.DRAINING
+        self.prep.close()  # what it holds reaches the inbox before Stop, and is refused there
         self._inbox.put(Stop())
         self._thread.join(timeout)
         if self._thread.is_alive():
@@ -267,7 +279,10 @@ class Engine(Admitting, KvResizing, Reloading):
             if isinstance(message, Stop):
                 break
             if isinstance(message, Job):
-                self._waiting.append(message)
+                if message.prep_error is not None:
+                    message.sink(message.prep_error)  # refused while its prompt was prepared
+                else:
+                    self._waiting.append(message)
                 continue  # gather everything that arrived before composing the next pass
             if isinstance(message, ReloadRequest):
                 self._reload_if_wanted(message)
@@ -317,6 +332,7 @@ class Engine(Admitting, KvResizing, Reloading):
                 item.done.set_exception(ShuttingDown())
 
     def _build(self, spec: GenerationSpec, session: Session | None, images: list) -> BuiltPrompt:
+        self.prompts_built_on_engine_thread += 1
         return build_prompt(self.model, spec, session, images, max_prompt_tokens=self.config.max_prompt_tokens,
                             n_ctx=self._ctx.ctx_per_seq)
 
@@ -328,7 +344,10 @@ class Engine(Admitting, KvResizing, Reloading):
             session.restart()
         new_image = self._encode_image(job, session)
         images = list(session.images if session is not None else []) + ([new_image] if new_image else [])
-        if job.prompt_tokens is not None and session is None and not images:
+        prebuilt = job.prebuilt
+        if prebuilt is not None and not images and prebuilt.still_valid(session, self.model_generation, self._ctx.ctx_per_seq):
+            built = prebuilt.built  # built beside this thread against what the session still holds
+        elif job.prompt_tokens is not None and session is None and not images:
             # Tokenized while choosing its sequence, with the same checks.
             built = BuiltPrompt(list(spec.prompt.messages or ()), spec.prompt.text or "", job.prompt_tokens, {})
         else:

@@ -70,20 +70,24 @@ class Reloading:
             self.encoder = None
         self.model_calls.release()  # its embedding context is on the old model
         self.pool.settle()  # and so is a bigger KV cache being made
-        self._ctx.close()
-        self.model.close()
-        try:
-            self.model, self._ctx = load_model_and_context(request.config, self.pool.allocated)
-            self.config = request.config
-            self.load_report = parse_load_log(self.model.load_log + self._ctx.load_log)
-        except SidecarError as e:
-            log.error("reload failed; restoring the previous configuration", error=str(e))
-            self.model, self._ctx = load_model_and_context(old_config, self.pool.allocated)
-            self.encoder = self._open_encoder(old_config)
-            self._restore_all(saved)
-            self.phase = EnginePhase.READY
-            request.done.set_exception(e)
-            return
+        # The prompt thread (prompt_prep.py) tokenizes with the model: not while it is freed.
+        with self._model_lock:
+            self._ctx.close()
+            self.model.close()
+            try:
+                self.model, self._ctx = load_model_and_context(request.config, self.pool.allocated)
+                self.config = request.config
+                self.load_report = parse_load_log(self.model.load_log + self._ctx.load_log)
+                self.model_generation += 1  # prompts built with the old tokenizer are built again
+            except SidecarError as e:
+                log.error("reload failed; restoring the previous configuration", error=str(e))
+                self.model, self._ctx = load_model_and_context(old_config, self.pool.allocated)
+                self.model_generation += 1
+                self.encoder = self._open_encoder(old_config)
+                self._restore_all(saved)
+                self.phase = EnginePhase.READY
+                request.done.set_exception(e)
+                return
         self.encoder = self._open_encoder(self.config)
         self._restore_all(saved)
         # What the status RPC and the prefix cache's sizing read of the model: another model file
@@ -93,6 +97,7 @@ class Reloading:
         self.sharing.kv_bytes_per_token = self._kv_bytes_per_token
         if request.config.model_path != old_config.model_path:
             self.sharing.cache.clear()  # states of another model's KV
+            self.prep.contexts.clear()  # and tokens of another tokenizer
         self.sharing.cache.max_bytes = request.config.prefix_cache_bytes
         restored = len(saved)
         saved.clear()
