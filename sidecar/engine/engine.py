@@ -26,7 +26,7 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import Future
-from typing import Callable
+from typing import Callable, cast
 
 import llama_cpp
 import structlog
@@ -42,7 +42,7 @@ from sidecar.engine.prompts.image_prompt import image_report, whole_images_prefi
 from sidecar.engine.prefix.prefix_cache import PrefixCache
 from sidecar.engine.prefix.prefix_sharing import PrefixSharing
 from sidecar.engine.prompts.prompt_build import BuiltPrompt, build_prompt
-from sidecar.engine.prompts.prompt_prep import PrepSettings, PromptPrep
+from sidecar.engine.prompts.prompt_prep import Prebuilt, PrepSettings, PromptPrep
 from sidecar.engine.finish_report import finished
 from sidecar.engine.scheduling.packing import packing_moves, swap
 from sidecar.engine.loading import context_for, load_model_and_context
@@ -344,7 +344,7 @@ class Engine(Admitting, KvResizing, Reloading):
             session.restart()
         new_image = self._encode_image(job, session)
         images = list(session.images if session is not None else []) + ([new_image] if new_image else [])
-        prebuilt = job.prebuilt
+        prebuilt = cast("Prebuilt | None", job.prebuilt)  # requests.py may not import the engine's types
         if prebuilt is not None and not images and prebuilt.still_valid(session, self.model_generation, self._ctx.ctx_per_seq):
             built = prebuilt.built  # built beside this thread against what the session still holds
         elif job.prompt_tokens is not None and session is None and not images:

@@ -27,6 +27,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -36,6 +37,9 @@ from sidecar.backend.requests import Job, Prompt
 from sidecar.backend.sessions import Session, SessionStore
 from sidecar.engine.prompts.prompt_build import BuiltPrompt, build_prompt
 from sidecar.errors import ContextLengthExceeded, SidecarError
+
+if TYPE_CHECKING:
+    from sidecar.native.model import NativeModel
 
 log = structlog.get_logger("engine")
 
@@ -118,7 +122,7 @@ class ContextTokens:
 class PrepSettings:
     """What the engine lends the preparing thread, read at each request (a reload changes them)."""
 
-    model: Callable[[], object]  # the NativeModel (render_chat, tokenize)
+    model: Callable[[], NativeModel]
     model_lock: threading.Lock  # held while the model is used here, and while a reload frees it
     model_generation: Callable[[], int]
     n_ctx: Callable[[], int]
