@@ -49,8 +49,12 @@ def test_a_bundle_installs_offline_and_runs_the_check(tmp_path: Path) -> None:
     for entry in ("sidecar", "deploy", "bench", "tests", "pyproject.toml"):
         (tmp_path / "repo" / entry).symlink_to(REPO / entry)
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    # A stand-in for the CUDA llama-bench (none can be built here): it says where it looks for libraries.
+    fake_bench = tmp_path / "llama-bench"
+    fake_bench.write_text('#!/bin/sh\necho "$LD_LIBRARY_PATH"\n')
+    fake_bench.chmod(0o755)
     rc = gpu_bundle.main(["build", "--out", str(bundle), "--cuda-wheel", str(_local_llama_wheel()),
-                          "--python-version", version, "--carry-all"])
+                          "--python-version", version, "--carry-all", "--llama-bench", str(fake_bench)])
     assert rc == 0
     manifest = (bundle / "MANIFEST.txt").read_text()
     assert "llama/llama_cpp_python-" in manifest and "wheels/structlog-" in manifest
@@ -62,4 +66,10 @@ def test_a_bundle_installs_offline_and_runs_the_check(tmp_path: Path) -> None:
     assert run.returncode == 0, run.stderr[-2000:] + run.stdout[-2000:]
     assert "installed the bundle" in run.stderr
     assert "cuda-build: llama_cpp/lib must have libggml-cuda (offline: nothing is built)" in run.stdout
-    assert "churn:" in run.stdout and "peer-build" not in run.stdout
+    assert "churn:" in run.stdout
+    # llama-bench was linked in the CUDA wheel's build folder: run.sh's wrapper gives it the
+    # installed wheel's libraries.
+    wrapper = run.stdout.split("peer-build: use ", 1)[1].split()[0]
+    seen = subprocess.run([wrapper], capture_output=True, text=True, timeout=30).stdout
+    site_lib = Path(seen.split(":")[0])
+    assert site_lib.name == "lib" and site_lib.parent.name == "llama_cpp" and site_lib.is_dir(), seen
