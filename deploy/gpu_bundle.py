@@ -88,31 +88,102 @@ def download_wheels(dest: Path, python_version: str, requirements: list[str]) ->
     return sorted(dest.glob("*.whl"))
 
 
+# The driver API symbols ggml-cuda calls directly (its VMM memory pool). A toolkit without the
+# driver's stub libcuda.so (this machine's: nvcc only) links against one made of them; the real
+# libcuda.so.1 of the GPU machine's driver resolves them at run time.
+DRIVER_SYMBOLS = ("cuDeviceGet", "cuDeviceGetAttribute", "cuGetErrorString", "cuMemAddressFree", "cuMemAddressReserve",
+                  "cuMemCreate", "cuMemGetAllocationGranularity", "cuMemMap", "cuMemRelease", "cuMemSetAccess", "cuMemUnmap")
+
+
+def driver_stub(folder: Path) -> Path:
+    """A link-time libcuda.so (soname libcuda.so.1) exporting DRIVER_SYMBOLS."""
+    source = folder / "cuda_stub.c"
+    source.write_text("".join(f"int {name}(void) {{ return 0; }}\n" for name in DRIVER_SYMBOLS))
+    stub = folder / "libcuda.so"
+    subprocess.run(["cc", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(stub), str(source)], check=True)
+    return stub
+
+
 def build_cuda_wheel(dest: Path, arch: str, source: Path | None = None, llama_bench: Path | None = None) -> Path:
-    """Compile llama-cpp-python with CUDA into a wheel in `dest`; with `llama_bench`, also build
-    llama.cpp's llama-bench there from the same build folder: one CUDA compile (the long part)
-    gives both, and the peer links the very libraries the daemon loads."""
+    """Compile llama-cpp-python with CUDA into a wheel in `dest`, each library carried once
+    (slim_wheel); with `llama_bench`, also compile llama.cpp's llama-bench against the libraries
+    of that same build (one CUDA compile, the long part, for both: the peer runs the very
+    libraries the daemon loads). Needs nvcc and cuBLAS (headers and libcublas*.so in the toolkit:
+    NVIDIA's nvidia-cublas wheel holds both, for a toolkit that lacks them)."""
     dest.mkdir(parents=True, exist_ok=True)
     version = re.search(r'"llama-cpp-python==([\d.]+)"', (REPO / "pyproject.toml").read_text())[1]
-    env = {**os.environ, "CMAKE_ARGS": CUDA_CMAKE.format(arch=arch), "CMAKE_BUILD_PARALLEL_LEVEL": str(os.cpu_count() or 2)}
     build_dir = Path(tempfile.mkdtemp(prefix="llama-cuda-build-"))
-    print(f"compiling llama-cpp-python {version} with CMAKE_ARGS={env['CMAKE_ARGS']!r} in {build_dir} (long)", flush=True)
+    cmake_args = CUDA_CMAKE.format(arch=arch)
+    toolkit = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda"))
+    if not (toolkit / "lib64" / "stubs" / "libcuda.so").exists():
+        cmake_args += f" -DCUDA_cuda_driver_LIBRARY={driver_stub(build_dir)}"
+    env = {**os.environ, "CMAKE_ARGS": cmake_args, "CMAKE_BUILD_PARALLEL_LEVEL": str(os.cpu_count() or 2)}
+    print(f"compiling llama-cpp-python {version} with CMAKE_ARGS={cmake_args!r} in {build_dir} (long)", flush=True)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-cache-dir",
                     str(source) if source else f"llama-cpp-python=={version}", "-w", str(dest),
                     f"--config-settings=build-dir={build_dir}"], check=True, env=env)
+    wheel = next(dest.glob("llama_cpp_python-*.whl"))
+    libs = build_dir / "bin"
     if llama_bench is not None:
-        # The tools are off when llama.cpp is a subproject; turning them on adds targets and
-        # leaves the CUDA objects up to date. The libraries' run path is the build folder's, which
-        # the GPU machine lacks: run.sh puts the wheel's llama_cpp/lib on the loader's path.
-        # --allow-shlib-undefined: a toolkit without the driver's stub libcuda.so links against an
-        # empty one (deploy/README.md); the real libcuda.so.1 resolves the symbols at run time.
-        subprocess.run(["cmake", str(build_dir), "-DLLAMA_BUILD_TOOLS=ON",
-                        "-DCMAKE_EXE_LINKER_FLAGS=-Wl,--allow-shlib-undefined"], check=True)
-        subprocess.run(["cmake", "--build", str(build_dir), "-j", str(os.cpu_count() or 2), "--target", "llama-bench"],
-                       check=True)
-        shutil.copy2(build_dir / "bin" / "llama-bench", llama_bench)
+        # llama.cpp's tools cannot be switched on inside llama-cpp-python's build (both add
+        # tools/mtmd): llama-bench is two files, compiled here against that build's libraries.
+        src = (source or _unpacked_sdist(build_dir, version)) / "vendor" / "llama.cpp"
+        common_base = next(build_dir.rglob("libllama-common-base.a"))
+        subprocess.run(["c++", "-O2", "-DNDEBUG", "-std=c++17", *(f"-I{src / d}" for d in ("include", "ggml/include", "common", "vendor",
+                                                                           "tools/llama-bench")),
+                        str(src / "tools/llama-bench/main.cpp"), str(src / "tools/llama-bench/llama-bench.cpp"),
+                        str(common_base), f"-L{libs}", "-lllama-common", "-lllama", "-lggml", "-lggml-base", "-pthread",
+                        "-Wl,--allow-shlib-undefined", "-o", str(llama_bench)], check=True)
+    slim_wheel(wheel, extra_libs=(libs / "libllama-common.so.0",))
     shutil.rmtree(build_dir, ignore_errors=True)
-    return next(dest.glob("llama_cpp_python-*.whl"))
+    return wheel
+
+
+def _unpacked_sdist(work: Path, version: str) -> Path:
+    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+                    f"llama-cpp-python=={version}", "-d", str(work / "sdist")], check=True)
+    archive = next((work / "sdist").glob("llama_cpp_python-*.tar.gz"))
+    shutil.unpack_archive(archive, work / "src", filter="data")
+    return next((work / "src").glob("llama_cpp_python-*"))
+
+
+def slim_wheel(wheel: Path, extra_libs: tuple[Path, ...] = (), replace: dict[str, Path] | None = None) -> Path:
+    """The CUDA wheel rewritten to carry each shared library once: llama-cpp-python's wheel holds
+    every library three times (libX.so, libX.so.0, libX.so.0.25.3, files, not links, as a wheel
+    cannot hold links) and again in a top-level lib/, so a 60 MB libggml-cuda made a 268 MB wheel.
+    Kept: llama_cpp/lib/libX.so.0 (the sonames libraries link); run.sh makes libX.so a link to
+    it, the name llama-cpp-python opens. `extra_libs` (libllama-common for llama-bench) go beside;
+    `replace` maps a kept name (libggml-cuda.so.0) to a file relinked since the wheel was made."""
+    import base64
+    import hashlib
+    import zipfile
+
+    def record_line(name: str, data: bytes) -> str:
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        return f"{name},sha256={digest},{len(data)}"
+
+    out = wheel.with_name(wheel.name + ".slim")
+    with zipfile.ZipFile(wheel) as src, zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as dst:
+        record_name = next(n for n in src.namelist() if n.endswith(".dist-info/RECORD"))
+        lines = []
+        for info in src.infolist():
+            name = info.filename
+            if name == record_name or name.startswith("lib/"):
+                continue
+            if name.startswith("llama_cpp/lib/") and ".so" in name and not re.search(r"\.so\.\d+$", name):
+                continue  # libX.so and libX.so.0.25.3: copies of libX.so.0
+            short = name.rsplit("/", 1)[-1]
+            data = (replace or {})[short].read_bytes() if short in (replace or {}) else src.read(name)
+            dst.writestr(info, data)
+            lines.append(record_line(name, data))
+        for lib in extra_libs:
+            name = f"llama_cpp/lib/{lib.name}"
+            data = lib.read_bytes()
+            dst.writestr(name, data)
+            lines.append(record_line(name, data))
+        dst.writestr(record_name, "\n".join(lines + [f"{record_name},,"]) + "\n")
+    out.replace(wheel)
+    return wheel
 
 
 RUN_SH = r"""#!/usr/bin/env bash
@@ -128,6 +199,11 @@ started=$(date +%s)
 "$python" -m pip install --quiet --no-index --no-deps --no-compile --no-cache-dir --target "$site" \
   "$bundle"/wheels/*.whl "$bundle"/llama/*.whl
 export PYTHONPATH="$site:$repo${PYTHONPATH:+:$PYTHONPATH}"
+# A slimmed wheel (gpu_bundle.slim_wheel) holds libX.so.0 only: libX.so, the name llama-cpp-python
+# opens, links to it (one file, so one copy of each library in the process).
+for lib in "$site"/llama_cpp/lib/lib*.so.0; do
+  [ -e "${lib%.0}" ] || ln -s "$(basename "$lib")" "${lib%.0}"
+done
 # The CUDA wheel links the CUDA runtime and cuBLAS dynamically: the toolkit's, or NVIDIA's pip packages'.
 cuda_libs=$("$python" - <<'PY'
 import glob, os, sys

@@ -73,3 +73,45 @@ def test_a_bundle_installs_offline_and_runs_the_check(tmp_path: Path) -> None:
     seen = subprocess.run([wrapper], capture_output=True, text=True, timeout=30).stdout
     site_lib = Path(seen.split(":")[0])
     assert site_lib.name == "lib" and site_lib.parent.name == "llama_cpp" and site_lib.is_dir(), seen
+
+
+def test_a_slim_wheel_carries_each_library_once_and_says_so_in_its_record(tmp_path: Path) -> None:
+    """llama-cpp-python's wheel holds each library three times and again in lib/ (a 60 MB
+    libggml-cuda made a 268 MB wheel); the bundle's holds libX.so.0 once, and pip must still
+    accept it (its RECORD lists exactly what is in it, with hashes)."""
+    import base64
+    import hashlib
+    import zipfile
+
+    wheel = tmp_path / "llama_cpp_python-0.3.36-py3-none-linux_x86_64.whl"
+    info = "llama_cpp_python-0.3.36.dist-info"
+    files = {"llama_cpp/__init__.py": b"x = 1\n", "lib/libllama-common.so.0": b"common",
+             f"{info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: false\nTag: py3-none-linux_x86_64\n",
+             f"{info}/METADATA": b"Metadata-Version: 2.1\nName: llama-cpp-python\nVersion: 0.3.36\n"}
+    for lib in ("libllama", "libggml-cuda"):
+        for suffix in (".so", ".so.0", ".so.0.25.3"):
+            files[f"llama_cpp/lib/{lib}{suffix}"] = lib.encode()
+    with zipfile.ZipFile(wheel, "w") as z:
+        for name, data in files.items():
+            z.writestr(name, data)
+        z.writestr(f"{info}/RECORD", "stale\n")
+    extra = tmp_path / "libllama-common.so.0"
+    extra.write_bytes(b"common")
+    relinked = tmp_path / "libggml-cuda.so.0.25.3"
+    relinked.write_bytes(b"relinked")
+    gpu_bundle.slim_wheel(wheel, extra_libs=(extra,), replace={"libggml-cuda.so.0": relinked})
+    with zipfile.ZipFile(wheel) as z:
+        names = set(z.namelist())
+        assert names == {"llama_cpp/__init__.py", "llama_cpp/lib/libllama.so.0", "llama_cpp/lib/libggml-cuda.so.0",
+                         "llama_cpp/lib/libllama-common.so.0", f"{info}/RECORD", f"{info}/WHEEL", f"{info}/METADATA"}
+        assert z.read("llama_cpp/lib/libggml-cuda.so.0") == b"relinked"
+        record = dict(line.split(",", 1) for line in z.read(f"{info}/RECORD").decode().split())
+        for name in names - {f"{info}/RECORD"}:
+            data = z.read(name)
+            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+            assert record[name] == f"sha256={digest},{len(data)}"
+    # pip installs it (offline, from the file), and the links run.sh makes restore the names.
+    target = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps", "--target", str(target),
+                    str(wheel)], check=True, timeout=120)
+    assert (target / "llama_cpp" / "lib" / "libllama.so.0").read_bytes() == b"libllama"
