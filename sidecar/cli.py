@@ -55,6 +55,10 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                    help="keep every pass at its planned threads even on a busy CPU (reproducible greedy text)")
     p.add_argument("--no-jump-forward", dest="jump_forward", action="store_false", default=None,
                    help="decode text a grammar forces token by token instead of in one pass (tool calls, JSON)")
+    p.add_argument("--no-memory", dest="memory", action="store_false", default=None,
+                   help="drop turns that leave a session's context instead of keeping them as memories, and recall nothing")
+    p.add_argument("--embedding-model", metavar="FILE.gguf|auto|words",
+                   help="what embeds NPC memories (default auto: all-MiniLM-L6-v2 from its PyPI package, else words)")
     p.add_argument("--device", help="ggml device to place onto, e.g. CUDA0, Vulkan0, RPC0 (default: the first GPU-type one)")
     p.add_argument("--rpc", help="register ggml RPC servers (host:port, comma-separated) as devices, like llama.cpp's --rpc")
     p.add_argument("--max-sessions", type=int, help="most NPC sessions kept at once (default 64)")

@@ -194,6 +194,7 @@ class SidecarClient:
         json_schema: str = "",
         reply: Reply | None = None,
         context: str = "",
+        memory: pb.MemoryOptions | None = None,
     ) -> Iterator[str]:
         """Say `text` as the user and yield the reply's text as it streams. Pass a Reply to also get
         token ids and the final usage and timings. `context` is the shared world context before
@@ -209,6 +210,7 @@ class SidecarClient:
             json_schema=json_schema,
             session_id=session_id,
             context=context,
+            memory=memory,
         )
         for chunk in self.generate(request):
             if reply is not None:
@@ -316,6 +318,29 @@ class SidecarClient:
                                                upload_id=upload, more=more)
             response = self._stub.ImportSessions(request, timeout=self.timeout_s)
         return list(response.sessions)
+
+    def remember(self, texts: Sequence[str], *, scope: str = "", session_id: str = "",
+                 tags: Sequence[str] = ()) -> list[pb.Memory]:
+        """Seed memories (lore an NPC knows, what happened off-screen) into `scope`, or into the
+        scope of `session_id`'s NPC."""
+        request = pb.RememberRequest(scope=scope, session_id=session_id, texts=list(texts), tags=list(tags))
+        return list(self._stub.Remember(request, timeout=self.timeout_s).memories)
+
+    def recall(self, query: str, scopes: Sequence[str], *, k: int = 0,
+               tags: Sequence[str] = ()) -> list[pb.RecalledMemory]:
+        """The memories of `scopes` closest to `query`, best first, with their scores."""
+        request = pb.RecallRequest(scopes=list(scopes), query=query, k=k, tags=list(tags))
+        return list(self._stub.Recall(request, timeout=self.timeout_s).memories)
+
+    def forget(self, *, ids: Sequence[int] = (), tags: Sequence[str] = (), scope: str = "") -> int:
+        """Forget memories by id, by tags (within `scope`, or everywhere), or a whole scope."""
+        request = pb.ForgetRequest(ids=list(ids), tags=list(tags), scope=scope)
+        return self._stub.Forget(request, timeout=self.timeout_s).forgotten
+
+    def list_memories(self, scope: str = "", *, tags: Sequence[str] = (), offset: int = 0,
+                      limit: int = 0) -> pb.ListMemoriesResponse:
+        request = pb.ListMemoriesRequest(scope=scope, tags=list(tags), offset=offset, limit=limit)
+        return self._stub.ListMemories(request, timeout=self.timeout_s)
 
     def watch_state(self) -> Iterator[pb.StateEvent]:
         call = self._stub.WatchState(pb.WatchStateRequest())

@@ -15,11 +15,14 @@ import os
 import threading
 import time
 from dataclasses import replace
+from pathlib import Path
 
+import platformdirs
 import structlog
 
 from sidecar import __version__
 from sidecar.engine import Engine
+from sidecar.errors import SidecarError
 from sidecar.default_model import default_model_path
 from sidecar.native.model import check_gguf_file
 from sidecar.executor import (
@@ -36,6 +39,7 @@ from sidecar.guard.frame_guard import GuardSettings
 from sidecar.guard.guard_task import FrameGuard
 from sidecar.service.budget_control import BudgetControl
 from sidecar.service.core import ServiceInfo, SidecarService
+from sidecar.service.memories import Memories, MemorySettings
 from sidecar.service.ram_budget import RamRule
 from sidecar.service.transports import start_transports
 from sidecar.settings import Settings
@@ -47,6 +51,8 @@ async def serve_local(settings: Settings, lifecycle: DaemonLifecycle, ready: asy
     """Serve the model in this process, through the llama.cpp engine, until the lifecycle says stop."""
     budget = settings.budget_value
     check_gguf_file(settings.model or default_model_path())  # a wrong path fails before listening
+    if settings.memory and settings.embedding_model not in ("auto", "words"):
+        check_gguf_file(Path(os.path.expanduser(settings.embedding_model)))
     settings.sequences()  # and so does a RAM budget too small for the model
     info = ServiceInfo(
         __version__, (), settings.max_message_bytes, settings.stream_interval_ms / 1000.0, settings.max_image_bytes,
@@ -60,6 +66,7 @@ async def serve_local(settings: Settings, lifecycle: DaemonLifecycle, ready: asy
     engine: Engine | None = None
     refresh: ProfileRefresh | None = None
     guard_task: asyncio.Task | None = None
+    memory_start: asyncio.Task | None = None
     try:
         loading = asyncio.ensure_future(_load(settings, budget, service))
         stopped = asyncio.ensure_future(lifecycle.stop.wait())
@@ -73,6 +80,7 @@ async def serve_local(settings: Settings, lifecycle: DaemonLifecycle, ready: asy
         stopped.cancel()
         engine, config, inputs, projector = loading.result()
         service.attach_backend(engine)
+        memory_start = _start_memory(settings, service)
         inputs_holder = [inputs]  # the background profile swaps in better inputs (ProfileRefresh)
         service.budget_control = BudgetControl(
             engine, budget,
@@ -103,6 +111,8 @@ async def serve_local(settings: Settings, lifecycle: DaemonLifecycle, ready: asy
         await lifecycle.stop.wait()
         log.info("stopping", grace_s=lifecycle.grace_s, reason=lifecycle.stop_reason)
     finally:
+        if memory_start is not None:
+            memory_start.cancel()
         if guard_task is not None:
             guard_task.cancel()
         if refresh is not None:
@@ -113,8 +123,24 @@ async def serve_local(settings: Settings, lifecycle: DaemonLifecycle, ready: asy
             await refresh.stop()
         if engine is not None:
             await asyncio.to_thread(engine.close)
+        service.memories.close()
         await asyncio.to_thread(service.grammar_checks.close)
         log.info("stopped")
+
+
+def _start_memory(settings: Settings, service: SidecarService) -> asyncio.Task:
+    """NPC memory, its embedding model loaded on the memory thread while the daemon serves: a turn
+    before it is ready recalls nothing, and its dropped turns are not kept."""
+    service.memories = Memories(MemorySettings(
+        enabled=settings.memory, embedder=settings.embedding_model,
+        cache_dir=Path(platformdirs.user_cache_dir("xlm-sidecar")) / "embedding-models"))
+
+    async def start() -> None:
+        try:
+            await service.memories.start()
+        except SidecarError as e:  # a bad --embedding-model: the daemon serves on, without memory
+            log.error("memory is off: its embedding model did not load", error=str(e))
+    return asyncio.create_task(start(), name="memory-start")
 
 
 def _start_frame_guard(settings: Settings, service: SidecarService, engine: Engine) -> asyncio.Task:

@@ -52,6 +52,8 @@ class Settings(BaseSettings):
         "scheduling class once the game fills every core or its frames run late), idle (always the idle class) or low (nice 19 only)")
     frame_budget_ms: float = Field(1000.0 / 60, ge=1.0, le=1000.0, description="the game's frame budget when its reports do not say (ms)")
     jump_forward: bool = Field(True, description="feed text a grammar forces (tool calls, JSON) in one pass, not one pass a token")
+    memory: bool = Field(True, description="NPC memory: turns that leave a session's context are kept and recalled into later turns")
+    embedding_model: str = Field("auto", description='what embeds memories: "auto" (all-MiniLM-L6-v2 from its package, else words), "words", or a GGUF file')
     adaptive_threads: bool = Field(True, description="step CPU threads down while passes run far slower than planned (a busy PC); off pins them")
     hardware: str | None = Field(None, description="plan for this machine description (as `plan --hardware` takes it) instead of the profile")
     # Placement device (sidecar.executor.placement_device) and ggml RPC servers (sidecar.ggml_rpc).

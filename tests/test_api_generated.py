@@ -46,5 +46,9 @@ def test_api_is_versioned_and_complete() -> None:
         "ReportFrames": ("FrameReport", "FrameGuardState"),
         "ExportSessions": ("ExportSessionsRequest", "ExportSessionsChunk"),
         "ImportSessions": ("ImportSessionsRequest", "ImportSessionsResponse"),
+        "Remember": ("RememberRequest", "RememberResponse"),
+        "Recall": ("RecallRequest", "RecallResponse"),
+        "Forget": ("ForgetRequest", "ForgetResponse"),
+        "ListMemories": ("ListMemoriesRequest", "ListMemoriesResponse"),
     }
     assert hasattr(rpc, "SidecarStub") and grpc is not None

@@ -54,14 +54,31 @@ def with_tool_instructions(instructions: str, messages: list[tuple[str, str]]) -
 
 
 def new_turn(prompt: Prompt, history: list[tuple[str, str]]) -> list[tuple[str, str]]:
-    """The messages `prompt` adds after a conversation's `history` ([] for a new one)."""
+    """The messages `prompt` adds after a conversation's `history` ([] for a new one): the
+    recalled memories, when there are any, just before the turn's own messages."""
     messages = list(prompt.messages or ())
+    recalled = [("system", prompt.memories)] if prompt.memories else []
     if not history:
-        return with_tool_instructions(prompt.tool_instructions, with_context(prompt.context, messages))
+        opening = with_tool_instructions(prompt.tool_instructions, with_context(prompt.context, messages))
+        # A new conversation opens with its system message (world, persona, tools): the
+        # memories follow it, so that prefix stays the one every NPC of the world shares.
+        system = 1 if opening and opening[0][0] == "system" else 0
+        return opening[:system] + recalled + opening[system:]
     if prompt.tool_instructions and not any(
             role == "system" and prompt.tool_instructions in content for role, content in history):
-        return [("system", prompt.tool_instructions)] + messages
-    return messages
+        return [("system", prompt.tool_instructions)] + recalled + messages
+    return recalled + messages
+
+
+def memory_position(conversation: list[tuple[str, str]], first_new: int, memories: str) -> int:
+    """Where the recalled memories' message sits in `conversation` (among the new turn's
+    messages, from `first_new`), or -1."""
+    if not memories:
+        return -1
+    for i in range(first_new, len(conversation)):
+        if conversation[i] == ("system", memories):
+            return i
+    return -1
 
 
 def context_tokens(render_chat: RenderChat, tokenize: Tokenize, prompt: Prompt) -> list[int]:

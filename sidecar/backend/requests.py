@@ -46,6 +46,10 @@ class Prompt:
     # The functions the reply may call, described for the model (sidecar.service.tool_calls); a
     # session is told them once, and again only when they change (prompt_layout.new_turn).
     tool_instructions: str = ""
+    # What the NPC recalls for this turn (sidecar/memory/recall.py), told in a system message just
+    # before the new turn: after the world prefix, the persona and the recent turns, which all stay
+    # cached, and kept out of the session's history (the next turn recalls again).
+    memories: str = ""
 
     def __post_init__(self) -> None:
         if (self.messages is None) == (self.text is None):
@@ -180,6 +184,10 @@ class Finished:
     # Sessions: user turns dropped from the history so this turn fits, and history tokens kept.
     history_turns_dropped: int = 0
     history_tokens_kept: int = 0
+    # The messages those dropped turns held, and the session's number of the first of them (1 =
+    # its first turn): what becomes the session's memories (sidecar/service/memories.py).
+    dropped_messages: tuple[tuple[str, str], ...] = ()
+    first_dropped_turn: int = 0
 
 
 Event = Union[TextDelta, Finished, SidecarError]

@@ -42,6 +42,8 @@ class Session:
     version: int = 0
     # Imported from a save and not resumed yet: "kv" (saved_state holds its cache) or "text".
     imported: str = ""
+    # User turns dropped from the history so far (they became memories): numbers the next ones.
+    turns_dropped: int = 0
 
     def restart(self) -> None:
         """Forget the conversation (its KV cache is dropped or overwritten by the owner)."""

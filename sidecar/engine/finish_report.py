@@ -39,4 +39,13 @@ def finished(a: ActiveRequest, reason: FinishReason, ended: float) -> Finished:
         image=a.image_report,
         history_turns_dropped=a.built.trim.turns if a.built is not None else 0,
         history_tokens_kept=a.built.kept_history_tokens if a.built is not None else 0,
+        **_dropped(a),
     )
+
+
+def _dropped(a: ActiveRequest) -> dict:
+    """The dropped turns' messages and the number of the first (after remember_turn counted them)."""
+    if a.built is None or not a.built.trim.turns or a.session is None:
+        return {}
+    return {"dropped_messages": a.built.dropped,
+            "first_dropped_turn": a.session.turns_dropped - a.built.trim.turns + 1}

@@ -14,6 +14,8 @@ from sidecar.native.model import NativeModel
 
 def remember_turn(session: Session, a: ActiveRequest, reply: str, cached: list[int], model: NativeModel) -> None:
     """`cached` is the sequence's tokens after the turn: the prompt's, then the reply's."""
+    if a.built is not None and a.built.trim.turns:
+        session.turns_dropped += a.built.trim.turns
     if a.built is not None and a.built.images_dropped:
         del session.images[: a.built.images_dropped]  # their turns were dropped
     if a.new_image is not None:
@@ -21,7 +23,8 @@ def remember_turn(session: Session, a: ActiveRequest, reply: str, cached: list[i
     remember_sent(session, a.job.resent, reply)
     session.version += 1  # a decision taken against the old history is stale now
     if a.job.spec.prompt.is_chat:
-        session.messages = a.conversation + [("assistant", reply)]
+        kept = a.built.kept_conversation() if a.built is not None else a.conversation
+        session.messages = kept + [("assistant", reply)]
         reply_tokens.remember(session.reply_tokens, reply, cached[len(a.prompt_tokens):],
                               model.piece, model.tokenize, session.messages)
     else:

@@ -34,6 +34,10 @@ _INVOKE: dict[str, Invoke] = {
     "ReportFrames": lambda core, request, caller: core.report_frames(request, caller),
     "ExportSessions": lambda core, request, caller: core.saves.export_sessions(request),
     "ImportSessions": lambda core, request, caller: core.saves.import_sessions(request),
+    "Remember": lambda core, request, caller: core.memories.remember(request),
+    "Recall": lambda core, request, caller: core.memories.recall_memories(request),
+    "Forget": lambda core, request, caller: core.memories.forget(request),
+    "ListMemories": lambda core, request, caller: core.memories.list_memories(request),
 }
 
 

@@ -29,6 +29,7 @@ from sidecar.service.caller import Caller
 from sidecar.service.collector import StreamCollector
 from sidecar.service.grammar_checks import GrammarChecks
 from sidecar.service.request_checks import check_session_id
+from sidecar.service.memories import Memories, MemorySettings, SessionMemory, added_event, stamp
 from sidecar.service.session_saves import SessionSaves
 from sidecar.service.readiness import not_ready, profile_to_pb, starting_status
 from sidecar.service.state import DaemonState, StateHub
@@ -71,6 +72,8 @@ class SidecarService:
         self.grammar_checks = GrammarChecks()
         self.frame_guard = FrameGuard(GuardSettings(), enabled=False, game_pid=info.game_pid, apply=lambda limits: None)
         self.saves = SessionSaves(self)  # ExportSessions, ImportSessions (save games)
+        # NPC memory; off until the daemon gives it its settings (remote mode keeps it off).
+        self.memories = Memories(MemorySettings(enabled=False))
         self._process = psutil.Process()
         # Backend jobs of the streams in flight, so a shutdown can end each with a final chunk.
         self._jobs: dict[int, object] = {}  # id(job) -> job (jobs are not hashable)
@@ -104,9 +107,11 @@ class SidecarService:
         spec = await self.spec_for(request, image=image, resends_history=resends_history)
         if group:
             spec = replace(spec, group=group)
+        remembers = self.memories.session_memory(request, spec)
+        spec, used = await self.memories.for_turn(remembers, spec, self.limits.context_per_sequence)
         calls = request.tools and request.tool_choice != "none"
         replies: dict[int, list[str]] = {}
-        chunks = self._stream(spec) if n == 1 else candidates.fan_out(spec, n, self._stream)
+        chunks = self._stream(spec, remembers, used) if n == 1 else candidates.fan_out(spec, n, self._stream)
         try:
             async for chunk in chunks:
                 if calls:  # each reply is read as a call once whole
@@ -179,7 +184,7 @@ class SidecarService:
         async for chunk in self._stream(spec):
             yield chunk
 
-    async def _stream(self, spec) -> AsyncIterator[pb.GenerateChunk]:
+    async def _stream(self, spec, remembers: SessionMemory | None = None, used: list | None = None) -> AsyncIterator[pb.GenerateChunk]:
         collector = StreamCollector(asyncio.get_running_loop())
         job = self.backend.submit(spec, collector.put)
         self._jobs[id(job)] = job
@@ -208,7 +213,13 @@ class SidecarService:
                         # CPU from decoding on a machine whose cores are all busy.
                         await collector.pause(self.info.stream_interval_s)
                 if isinstance(end, Finished):
-                    yield convert.chunk_from_finished(end)
+                    added = await self.memories.keep_dropped(remembers, end)
+                    chunk = convert.chunk_from_finished(end)
+                    stamp(chunk.final, used or [], added)
+                    if added:  # the "context full" signal, for a game watching the daemon
+                        self.state.publish(reason="context_full",
+                                           memories_added=added_event(end.session_id, remembers.scope, added))
+                    yield chunk
                     return
                 if isinstance(end, SidecarError):
                     raise end
@@ -287,6 +298,7 @@ class SidecarService:
                 schedule=convert.schedule_to_pb(self.backend.config) if self.backend is not None else None,
                 reason=state.reason,
                 profile=profile_to_pb(state.profile),
+                memories_added=state.memories_added if state.reason == "context_full" else None,
             )
 
     async def get_status(self) -> pb.Status:
@@ -316,12 +328,15 @@ class SidecarService:
             status.profile.CopyFrom(profile_to_pb(self.state.current.profile))
         status.frame_guard.CopyFrom(self.frame_guard.to_pb())
         status.saves.CopyFrom(self.saves.activity_pb())
+        status.memories.CopyFrom(self.memories.status_pb())
         return status
 
     async def end_session(self, request: pb.EndSessionRequest) -> pb.EndSessionResponse:
         backend = self.ready_backend()
         check_session_id(request.session_id)
-        return pb.EndSessionResponse(tokens_freed=backend.end_session(request.session_id))
+        freed = backend.end_session(request.session_id)
+        self.memories.end_session(request.session_id)
+        return pb.EndSessionResponse(tokens_freed=freed)
 
     def begin_drain(self) -> None:
         """Refuse new work; in-flight streams carry on until the transport's grace period ends."""

@@ -17,6 +17,8 @@ class DaemonState:
     reason: str
     # sidecar.profiler.status.ProfileView: the machine profile and its background measurement.
     profile: object = None
+    # With reason "context_full": pb.MemoriesAdded (a session's turns became memories).
+    memories_added: object = None
 
 
 class StateHub:

@@ -56,6 +56,17 @@ namespace Xlm.Sidecar.Grpc
                     new ProtoField(63, "n", ProtoType.UInt32, null),
                     new ProtoField(64, "grammar", ProtoType.String, null),
                     new ProtoField(65, "parallelToolCalls", ProtoType.Bool, null),
+                    new ProtoField(70, "memory", ProtoType.Message, "xlm.v1.MemoryOptions"),
+                }
+            },
+            { "xlm.v1.MemoryOptions", new ProtoField[]
+                {
+                    new ProtoField(1, "scope", ProtoType.String, null),
+                    new ProtoField(2, "readScopes", ProtoType.String, null, repeated: true),
+                    new ProtoField(3, "maxTokens", ProtoType.UInt32, null),
+                    new ProtoField(4, "k", ProtoType.UInt32, null),
+                    new ProtoField(5, "tags", ProtoType.String, null, repeated: true),
+                    new ProtoField(6, "off", ProtoType.Bool, null),
                 }
             },
             { "xlm.v1.Tool", new ProtoField[]
@@ -110,6 +121,8 @@ namespace Xlm.Sidecar.Grpc
                     new ProtoField(31, "historyTokensKept", ProtoType.UInt32, null),
                     new ProtoField(60, "toolCall", ProtoType.Message, "xlm.v1.ToolCall"),
                     new ProtoField(61, "toolCalls", ProtoType.Message, "xlm.v1.ToolCall", repeated: true),
+                    new ProtoField(70, "memoriesUsed", ProtoType.UInt64, null, repeated: true),
+                    new ProtoField(71, "memoriesAdded", ProtoType.UInt64, null, repeated: true),
                 }
             },
             { "xlm.v1.GenerateChunk", new ProtoField[]
@@ -250,6 +263,14 @@ namespace Xlm.Sidecar.Grpc
                     new ProtoField(4, "schedule", ProtoType.Message, "xlm.v1.Schedule"),
                     new ProtoField(5, "reason", ProtoType.String, null),
                     new ProtoField(40, "profile", ProtoType.Message, "xlm.v1.ProfileProgress"),
+                    new ProtoField(41, "memoriesAdded", ProtoType.Message, "xlm.v1.MemoriesAdded"),
+                }
+            },
+            { "xlm.v1.MemoriesAdded", new ProtoField[]
+                {
+                    new ProtoField(1, "sessionId", ProtoType.String, null),
+                    new ProtoField(2, "scope", ProtoType.String, null),
+                    new ProtoField(3, "memoryIds", ProtoType.UInt64, null, repeated: true),
                 }
             },
             { "xlm.v1.TierPlan", new ProtoField[]
@@ -378,6 +399,91 @@ namespace Xlm.Sidecar.Grpc
                     new ProtoField(40, "profile", ProtoType.Message, "xlm.v1.ProfileProgress"),
                     new ProtoField(13, "frameGuard", ProtoType.Message, "xlm.v1.FrameGuardState"),
                     new ProtoField(14, "saves", ProtoType.Message, "xlm.v1.SaveActivity"),
+                    new ProtoField(15, "memories", ProtoType.Message, "xlm.v1.MemoryStatus"),
+                }
+            },
+            { "xlm.v1.Memory", new ProtoField[]
+                {
+                    new ProtoField(1, "id", ProtoType.UInt64, null),
+                    new ProtoField(2, "scope", ProtoType.String, null),
+                    new ProtoField(3, "text", ProtoType.String, null),
+                    new ProtoField(4, "tags", ProtoType.String, null, repeated: true),
+                    new ProtoField(5, "createdUnixMs", ProtoType.Int64, null),
+                    new ProtoField(6, "source", ProtoType.String, null),
+                    new ProtoField(7, "sessionId", ProtoType.String, null),
+                    new ProtoField(8, "turn", ProtoType.UInt32, null),
+                    new ProtoField(9, "uses", ProtoType.UInt32, null),
+                }
+            },
+            { "xlm.v1.RememberRequest", new ProtoField[]
+                {
+                    new ProtoField(1, "scope", ProtoType.String, null),
+                    new ProtoField(2, "sessionId", ProtoType.String, null),
+                    new ProtoField(3, "texts", ProtoType.String, null, repeated: true),
+                    new ProtoField(4, "tags", ProtoType.String, null, repeated: true),
+                }
+            },
+            { "xlm.v1.RememberResponse", new ProtoField[]
+                {
+                    new ProtoField(1, "memories", ProtoType.Message, "xlm.v1.Memory", repeated: true),
+                }
+            },
+            { "xlm.v1.RecallRequest", new ProtoField[]
+                {
+                    new ProtoField(1, "scopes", ProtoType.String, null, repeated: true),
+                    new ProtoField(2, "query", ProtoType.String, null),
+                    new ProtoField(3, "k", ProtoType.UInt32, null),
+                    new ProtoField(4, "tags", ProtoType.String, null, repeated: true),
+                }
+            },
+            { "xlm.v1.RecalledMemory", new ProtoField[]
+                {
+                    new ProtoField(1, "memory", ProtoType.Message, "xlm.v1.Memory"),
+                    new ProtoField(2, "score", ProtoType.Float, null),
+                }
+            },
+            { "xlm.v1.RecallResponse", new ProtoField[]
+                {
+                    new ProtoField(1, "memories", ProtoType.Message, "xlm.v1.RecalledMemory", repeated: true),
+                }
+            },
+            { "xlm.v1.ForgetRequest", new ProtoField[]
+                {
+                    new ProtoField(1, "ids", ProtoType.UInt64, null, repeated: true),
+                    new ProtoField(2, "tags", ProtoType.String, null, repeated: true),
+                    new ProtoField(3, "scope", ProtoType.String, null),
+                }
+            },
+            { "xlm.v1.ForgetResponse", new ProtoField[]
+                {
+                    new ProtoField(1, "forgotten", ProtoType.UInt32, null),
+                }
+            },
+            { "xlm.v1.ListMemoriesRequest", new ProtoField[]
+                {
+                    new ProtoField(1, "scope", ProtoType.String, null),
+                    new ProtoField(2, "tags", ProtoType.String, null, repeated: true),
+                    new ProtoField(3, "offset", ProtoType.UInt32, null),
+                    new ProtoField(4, "limit", ProtoType.UInt32, null),
+                }
+            },
+            { "xlm.v1.ListMemoriesResponse", new ProtoField[]
+                {
+                    new ProtoField(1, "memories", ProtoType.Message, "xlm.v1.Memory", repeated: true),
+                    new ProtoField(2, "total", ProtoType.UInt32, null),
+                }
+            },
+            { "xlm.v1.MemoryStatus", new ProtoField[]
+                {
+                    new ProtoField(1, "enabled", ProtoType.Bool, null),
+                    new ProtoField(2, "embedder", ProtoType.String, null),
+                    new ProtoField(3, "memories", ProtoType.UInt32, null),
+                    new ProtoField(4, "scopes", ProtoType.UInt32, null),
+                    new ProtoField(5, "bytes", ProtoType.UInt64, null),
+                    new ProtoField(6, "modelBytes", ProtoType.UInt64, null),
+                    new ProtoField(7, "recalls", ProtoType.UInt64, null),
+                    new ProtoField(8, "recallsLate", ProtoType.UInt64, null),
+                    new ProtoField(9, "evicted", ProtoType.UInt64, null),
                 }
             },
             { "xlm.v1.PrefixCacheStatus", new ProtoField[]
@@ -523,6 +629,10 @@ namespace Xlm.Sidecar.Grpc
             { "ReportFrames", new ProtoMethod("/xlm.v1.Sidecar/ReportFrames", "xlm.v1.FrameReport", "xlm.v1.FrameGuardState", false) },
             { "ExportSessions", new ProtoMethod("/xlm.v1.Sidecar/ExportSessions", "xlm.v1.ExportSessionsRequest", "xlm.v1.ExportSessionsChunk", true) },
             { "ImportSessions", new ProtoMethod("/xlm.v1.Sidecar/ImportSessions", "xlm.v1.ImportSessionsRequest", "xlm.v1.ImportSessionsResponse", false) },
+            { "Remember", new ProtoMethod("/xlm.v1.Sidecar/Remember", "xlm.v1.RememberRequest", "xlm.v1.RememberResponse", false) },
+            { "Recall", new ProtoMethod("/xlm.v1.Sidecar/Recall", "xlm.v1.RecallRequest", "xlm.v1.RecallResponse", false) },
+            { "Forget", new ProtoMethod("/xlm.v1.Sidecar/Forget", "xlm.v1.ForgetRequest", "xlm.v1.ForgetResponse", false) },
+            { "ListMemories", new ProtoMethod("/xlm.v1.Sidecar/ListMemories", "xlm.v1.ListMemoriesRequest", "xlm.v1.ListMemoriesResponse", false) },
         };
     }
 }

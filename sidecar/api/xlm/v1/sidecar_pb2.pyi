@@ -133,7 +133,7 @@ class SamplingParams(_message.Message):
     def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., min_p: _Optional[float] = ..., repeat_penalty: _Optional[float] = ..., repeat_last_n: _Optional[int] = ..., seed: _Optional[int] = ..., frequency_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., logit_bias: _Optional[_Mapping[int, float]] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("messages", "prompt", "sampling", "max_tokens", "stop", "json_schema", "session_id", "reset_session", "request_id", "context", "tools", "tool_choice", "logprobs", "n", "grammar", "parallel_tool_calls")
+    __slots__ = ("messages", "prompt", "sampling", "max_tokens", "stop", "json_schema", "session_id", "reset_session", "request_id", "context", "tools", "tool_choice", "logprobs", "n", "grammar", "parallel_tool_calls", "memory")
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
@@ -150,6 +150,7 @@ class GenerateRequest(_message.Message):
     N_FIELD_NUMBER: _ClassVar[int]
     GRAMMAR_FIELD_NUMBER: _ClassVar[int]
     PARALLEL_TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_FIELD_NUMBER: _ClassVar[int]
     messages: ChatMessages
     prompt: str
     sampling: SamplingParams
@@ -166,7 +167,24 @@ class GenerateRequest(_message.Message):
     n: int
     grammar: str
     parallel_tool_calls: bool
-    def __init__(self, messages: _Optional[_Union[ChatMessages, _Mapping]] = ..., prompt: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., max_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., json_schema: _Optional[str] = ..., session_id: _Optional[str] = ..., reset_session: _Optional[bool] = ..., request_id: _Optional[str] = ..., context: _Optional[str] = ..., tools: _Optional[_Iterable[_Union[Tool, _Mapping]]] = ..., tool_choice: _Optional[str] = ..., logprobs: _Optional[int] = ..., n: _Optional[int] = ..., grammar: _Optional[str] = ..., parallel_tool_calls: _Optional[bool] = ...) -> None: ...
+    memory: MemoryOptions
+    def __init__(self, messages: _Optional[_Union[ChatMessages, _Mapping]] = ..., prompt: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., max_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., json_schema: _Optional[str] = ..., session_id: _Optional[str] = ..., reset_session: _Optional[bool] = ..., request_id: _Optional[str] = ..., context: _Optional[str] = ..., tools: _Optional[_Iterable[_Union[Tool, _Mapping]]] = ..., tool_choice: _Optional[str] = ..., logprobs: _Optional[int] = ..., n: _Optional[int] = ..., grammar: _Optional[str] = ..., parallel_tool_calls: _Optional[bool] = ..., memory: _Optional[_Union[MemoryOptions, _Mapping]] = ...) -> None: ...
+
+class MemoryOptions(_message.Message):
+    __slots__ = ("scope", "read_scopes", "max_tokens", "k", "tags", "off")
+    SCOPE_FIELD_NUMBER: _ClassVar[int]
+    READ_SCOPES_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    K_FIELD_NUMBER: _ClassVar[int]
+    TAGS_FIELD_NUMBER: _ClassVar[int]
+    OFF_FIELD_NUMBER: _ClassVar[int]
+    scope: str
+    read_scopes: _containers.RepeatedScalarFieldContainer[str]
+    max_tokens: int
+    k: int
+    tags: _containers.RepeatedScalarFieldContainer[str]
+    off: bool
+    def __init__(self, scope: _Optional[str] = ..., read_scopes: _Optional[_Iterable[str]] = ..., max_tokens: _Optional[int] = ..., k: _Optional[int] = ..., tags: _Optional[_Iterable[str]] = ..., off: _Optional[bool] = ...) -> None: ...
 
 class Tool(_message.Message):
     __slots__ = ("name", "description", "parameters_json_schema")
@@ -231,7 +249,7 @@ class ImageInfo(_message.Message):
     def __init__(self, original_width: _Optional[int] = ..., original_height: _Optional[int] = ..., encoded_width: _Optional[int] = ..., encoded_height: _Optional[int] = ..., downscaled: _Optional[bool] = ..., image_tokens: _Optional[int] = ..., encode_ms: _Optional[float] = ...) -> None: ...
 
 class GenerationFinal(_message.Message):
-    __slots__ = ("finish_reason", "usage", "timings", "session_id", "image", "history_turns_dropped", "history_tokens_kept", "tool_call", "tool_calls")
+    __slots__ = ("finish_reason", "usage", "timings", "session_id", "image", "history_turns_dropped", "history_tokens_kept", "tool_call", "tool_calls", "memories_used", "memories_added")
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
     TIMINGS_FIELD_NUMBER: _ClassVar[int]
@@ -241,6 +259,8 @@ class GenerationFinal(_message.Message):
     HISTORY_TOKENS_KEPT_FIELD_NUMBER: _ClassVar[int]
     TOOL_CALL_FIELD_NUMBER: _ClassVar[int]
     TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
+    MEMORIES_USED_FIELD_NUMBER: _ClassVar[int]
+    MEMORIES_ADDED_FIELD_NUMBER: _ClassVar[int]
     finish_reason: FinishReason
     usage: Usage
     timings: Timings
@@ -250,7 +270,9 @@ class GenerationFinal(_message.Message):
     history_tokens_kept: int
     tool_call: ToolCall
     tool_calls: _containers.RepeatedCompositeFieldContainer[ToolCall]
-    def __init__(self, finish_reason: _Optional[_Union[FinishReason, str]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., session_id: _Optional[str] = ..., image: _Optional[_Union[ImageInfo, _Mapping]] = ..., history_turns_dropped: _Optional[int] = ..., history_tokens_kept: _Optional[int] = ..., tool_call: _Optional[_Union[ToolCall, _Mapping]] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ...) -> None: ...
+    memories_used: _containers.RepeatedScalarFieldContainer[int]
+    memories_added: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, finish_reason: _Optional[_Union[FinishReason, str]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., session_id: _Optional[str] = ..., image: _Optional[_Union[ImageInfo, _Mapping]] = ..., history_turns_dropped: _Optional[int] = ..., history_tokens_kept: _Optional[int] = ..., tool_call: _Optional[_Union[ToolCall, _Mapping]] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ..., memories_used: _Optional[_Iterable[int]] = ..., memories_added: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class GenerateChunk(_message.Message):
     __slots__ = ("text", "token_ids", "final", "logprobs", "index")
@@ -441,20 +463,32 @@ class WatchStateRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StateEvent(_message.Message):
-    __slots__ = ("unix_ms", "phase", "budget", "schedule", "reason", "profile")
+    __slots__ = ("unix_ms", "phase", "budget", "schedule", "reason", "profile", "memories_added")
     UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
     BUDGET_FIELD_NUMBER: _ClassVar[int]
     SCHEDULE_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     PROFILE_FIELD_NUMBER: _ClassVar[int]
+    MEMORIES_ADDED_FIELD_NUMBER: _ClassVar[int]
     unix_ms: int
     phase: EnginePhase
     budget: Budget
     schedule: Schedule
     reason: str
     profile: ProfileProgress
-    def __init__(self, unix_ms: _Optional[int] = ..., phase: _Optional[_Union[EnginePhase, str]] = ..., budget: _Optional[_Union[Budget, _Mapping]] = ..., schedule: _Optional[_Union[Schedule, _Mapping]] = ..., reason: _Optional[str] = ..., profile: _Optional[_Union[ProfileProgress, _Mapping]] = ...) -> None: ...
+    memories_added: MemoriesAdded
+    def __init__(self, unix_ms: _Optional[int] = ..., phase: _Optional[_Union[EnginePhase, str]] = ..., budget: _Optional[_Union[Budget, _Mapping]] = ..., schedule: _Optional[_Union[Schedule, _Mapping]] = ..., reason: _Optional[str] = ..., profile: _Optional[_Union[ProfileProgress, _Mapping]] = ..., memories_added: _Optional[_Union[MemoriesAdded, _Mapping]] = ...) -> None: ...
+
+class MemoriesAdded(_message.Message):
+    __slots__ = ("session_id", "scope", "memory_ids")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    SCOPE_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_IDS_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    scope: str
+    memory_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, session_id: _Optional[str] = ..., scope: _Optional[str] = ..., memory_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class TierPlan(_message.Message):
     __slots__ = ("max_tokens", "phase", "placement", "threads", "predicted_tokens_per_s", "predicted_ms_per_pass")
@@ -632,7 +666,7 @@ class Limits(_message.Message):
     def __init__(self, max_sessions: _Optional[int] = ..., context_per_session: _Optional[int] = ..., max_prompt_tokens: _Optional[int] = ..., max_tokens_per_request: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., max_image_bytes: _Optional[int] = ...) -> None: ...
 
 class Status(_message.Message):
-    __slots__ = ("version", "phase", "model", "budget", "schedule", "memory", "throughput", "sessions", "limits", "uptime_s", "listen_addresses", "vision", "prefix_cache", "profile", "frame_guard", "saves")
+    __slots__ = ("version", "phase", "model", "budget", "schedule", "memory", "throughput", "sessions", "limits", "uptime_s", "listen_addresses", "vision", "prefix_cache", "profile", "frame_guard", "saves", "memories")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -649,6 +683,7 @@ class Status(_message.Message):
     PROFILE_FIELD_NUMBER: _ClassVar[int]
     FRAME_GUARD_FIELD_NUMBER: _ClassVar[int]
     SAVES_FIELD_NUMBER: _ClassVar[int]
+    MEMORIES_FIELD_NUMBER: _ClassVar[int]
     version: str
     phase: EnginePhase
     model: ModelInfo
@@ -665,7 +700,132 @@ class Status(_message.Message):
     profile: ProfileProgress
     frame_guard: FrameGuardState
     saves: SaveActivity
-    def __init__(self, version: _Optional[str] = ..., phase: _Optional[_Union[EnginePhase, str]] = ..., model: _Optional[_Union[ModelInfo, _Mapping]] = ..., budget: _Optional[_Union[Budget, _Mapping]] = ..., schedule: _Optional[_Union[Schedule, _Mapping]] = ..., memory: _Optional[_Union[MemoryUse, _Mapping]] = ..., throughput: _Optional[_Union[Throughput, _Mapping]] = ..., sessions: _Optional[_Iterable[_Union[SessionInfo, _Mapping]]] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., uptime_s: _Optional[float] = ..., listen_addresses: _Optional[_Iterable[str]] = ..., vision: _Optional[_Union[VisionStatus, _Mapping]] = ..., prefix_cache: _Optional[_Union[PrefixCacheStatus, _Mapping]] = ..., profile: _Optional[_Union[ProfileProgress, _Mapping]] = ..., frame_guard: _Optional[_Union[FrameGuardState, _Mapping]] = ..., saves: _Optional[_Union[SaveActivity, _Mapping]] = ...) -> None: ...
+    memories: MemoryStatus
+    def __init__(self, version: _Optional[str] = ..., phase: _Optional[_Union[EnginePhase, str]] = ..., model: _Optional[_Union[ModelInfo, _Mapping]] = ..., budget: _Optional[_Union[Budget, _Mapping]] = ..., schedule: _Optional[_Union[Schedule, _Mapping]] = ..., memory: _Optional[_Union[MemoryUse, _Mapping]] = ..., throughput: _Optional[_Union[Throughput, _Mapping]] = ..., sessions: _Optional[_Iterable[_Union[SessionInfo, _Mapping]]] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., uptime_s: _Optional[float] = ..., listen_addresses: _Optional[_Iterable[str]] = ..., vision: _Optional[_Union[VisionStatus, _Mapping]] = ..., prefix_cache: _Optional[_Union[PrefixCacheStatus, _Mapping]] = ..., profile: _Optional[_Union[ProfileProgress, _Mapping]] = ..., frame_guard: _Optional[_Union[FrameGuardState, _Mapping]] = ..., saves: _Optional[_Union[SaveActivity, _Mapping]] = ..., memories: _Optional[_Union[MemoryStatus, _Mapping]] = ...) -> None: ...
+
+class Memory(_message.Message):
+    __slots__ = ("id", "scope", "text", "tags", "created_unix_ms", "source", "session_id", "turn", "uses")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    SCOPE_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    TAGS_FIELD_NUMBER: _ClassVar[int]
+    CREATED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    TURN_FIELD_NUMBER: _ClassVar[int]
+    USES_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    scope: str
+    text: str
+    tags: _containers.RepeatedScalarFieldContainer[str]
+    created_unix_ms: int
+    source: str
+    session_id: str
+    turn: int
+    uses: int
+    def __init__(self, id: _Optional[int] = ..., scope: _Optional[str] = ..., text: _Optional[str] = ..., tags: _Optional[_Iterable[str]] = ..., created_unix_ms: _Optional[int] = ..., source: _Optional[str] = ..., session_id: _Optional[str] = ..., turn: _Optional[int] = ..., uses: _Optional[int] = ...) -> None: ...
+
+class RememberRequest(_message.Message):
+    __slots__ = ("scope", "session_id", "texts", "tags")
+    SCOPE_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    TEXTS_FIELD_NUMBER: _ClassVar[int]
+    TAGS_FIELD_NUMBER: _ClassVar[int]
+    scope: str
+    session_id: str
+    texts: _containers.RepeatedScalarFieldContainer[str]
+    tags: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, scope: _Optional[str] = ..., session_id: _Optional[str] = ..., texts: _Optional[_Iterable[str]] = ..., tags: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class RememberResponse(_message.Message):
+    __slots__ = ("memories",)
+    MEMORIES_FIELD_NUMBER: _ClassVar[int]
+    memories: _containers.RepeatedCompositeFieldContainer[Memory]
+    def __init__(self, memories: _Optional[_Iterable[_Union[Memory, _Mapping]]] = ...) -> None: ...
+
+class RecallRequest(_message.Message):
+    __slots__ = ("scopes", "query", "k", "tags")
+    SCOPES_FIELD_NUMBER: _ClassVar[int]
+    QUERY_FIELD_NUMBER: _ClassVar[int]
+    K_FIELD_NUMBER: _ClassVar[int]
+    TAGS_FIELD_NUMBER: _ClassVar[int]
+    scopes: _containers.RepeatedScalarFieldContainer[str]
+    query: str
+    k: int
+    tags: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, scopes: _Optional[_Iterable[str]] = ..., query: _Optional[str] = ..., k: _Optional[int] = ..., tags: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class RecalledMemory(_message.Message):
+    __slots__ = ("memory", "score")
+    MEMORY_FIELD_NUMBER: _ClassVar[int]
+    SCORE_FIELD_NUMBER: _ClassVar[int]
+    memory: Memory
+    score: float
+    def __init__(self, memory: _Optional[_Union[Memory, _Mapping]] = ..., score: _Optional[float] = ...) -> None: ...
+
+class RecallResponse(_message.Message):
+    __slots__ = ("memories",)
+    MEMORIES_FIELD_NUMBER: _ClassVar[int]
+    memories: _containers.RepeatedCompositeFieldContainer[RecalledMemory]
+    def __init__(self, memories: _Optional[_Iterable[_Union[RecalledMemory, _Mapping]]] = ...) -> None: ...
+
+class ForgetRequest(_message.Message):
+    __slots__ = ("ids", "tags", "scope")
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    TAGS_FIELD_NUMBER: _ClassVar[int]
+    SCOPE_FIELD_NUMBER: _ClassVar[int]
+    ids: _containers.RepeatedScalarFieldContainer[int]
+    tags: _containers.RepeatedScalarFieldContainer[str]
+    scope: str
+    def __init__(self, ids: _Optional[_Iterable[int]] = ..., tags: _Optional[_Iterable[str]] = ..., scope: _Optional[str] = ...) -> None: ...
+
+class ForgetResponse(_message.Message):
+    __slots__ = ("forgotten",)
+    FORGOTTEN_FIELD_NUMBER: _ClassVar[int]
+    forgotten: int
+    def __init__(self, forgotten: _Optional[int] = ...) -> None: ...
+
+class ListMemoriesRequest(_message.Message):
+    __slots__ = ("scope", "tags", "offset", "limit")
+    SCOPE_FIELD_NUMBER: _ClassVar[int]
+    TAGS_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    scope: str
+    tags: _containers.RepeatedScalarFieldContainer[str]
+    offset: int
+    limit: int
+    def __init__(self, scope: _Optional[str] = ..., tags: _Optional[_Iterable[str]] = ..., offset: _Optional[int] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class ListMemoriesResponse(_message.Message):
+    __slots__ = ("memories", "total")
+    MEMORIES_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    memories: _containers.RepeatedCompositeFieldContainer[Memory]
+    total: int
+    def __init__(self, memories: _Optional[_Iterable[_Union[Memory, _Mapping]]] = ..., total: _Optional[int] = ...) -> None: ...
+
+class MemoryStatus(_message.Message):
+    __slots__ = ("enabled", "embedder", "memories", "scopes", "bytes", "model_bytes", "recalls", "recalls_late", "evicted")
+    ENABLED_FIELD_NUMBER: _ClassVar[int]
+    EMBEDDER_FIELD_NUMBER: _ClassVar[int]
+    MEMORIES_FIELD_NUMBER: _ClassVar[int]
+    SCOPES_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    MODEL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    RECALLS_FIELD_NUMBER: _ClassVar[int]
+    RECALLS_LATE_FIELD_NUMBER: _ClassVar[int]
+    EVICTED_FIELD_NUMBER: _ClassVar[int]
+    enabled: bool
+    embedder: str
+    memories: int
+    scopes: int
+    bytes: int
+    model_bytes: int
+    recalls: int
+    recalls_late: int
+    evicted: int
+    def __init__(self, enabled: _Optional[bool] = ..., embedder: _Optional[str] = ..., memories: _Optional[int] = ..., scopes: _Optional[int] = ..., bytes: _Optional[int] = ..., model_bytes: _Optional[int] = ..., recalls: _Optional[int] = ..., recalls_late: _Optional[int] = ..., evicted: _Optional[int] = ...) -> None: ...
 
 class PrefixCacheStatus(_message.Message):
     __slots__ = ("max_bytes", "bytes_held", "entries", "hits", "tokens_saved", "misses", "waits")

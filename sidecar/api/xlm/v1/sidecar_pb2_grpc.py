@@ -94,6 +94,26 @@ class SidecarStub:
                 request_serializer=sidecar_dot_api_dot_xlm_dot_v1_dot_sidecar__pb2.ImportSessionsRequest.SerializeToString,
                 response_deserializer=sidecar_dot_api_dot_xlm_dot_v1_dot_sidecar__pb2.ImportSessionsResponse.FromString,
                 _registered_method=True)
+        self.Remember = channel.unary_unary(
+                '/xlm.v1.Sidecar/Remember',
+                request_serializer=sidecar_dot_api_dot_xlm_dot_v1_dot_sidecar__pb2.RememberRequest.SerializeToString,
+                response_deserializer=sidecar_dot_api_dot_xlm_dot_v1_dot_sidecar__pb2.RememberResponse.FromString,
+                _registered_method=True)
+        self.Recall = channel.unary_unary(
+                '/xlm.v1.Sidecar/Recall',
+                request_serializer=sidecar_dot_api_dot_xlm_dot_v1_dot_sidecar__pb2.RecallRequest.SerializeToString,
+                response_deserializer=sidecar_dot_api_dot_xlm_dot_v1_dot_sidecar__pb2.RecallResponse.FromString,
+                _registered_method=True)
+        self.Forget = channel.unary_unary(
+                '/xlm.v1.Sidecar/Forget',
+                request_serializer=sidecar_dot_api_dot_xlm_dot_v1_dot_sidecar__pb2.ForgetRequest.SerializeToString,
+                response_deserializer=sidecar_dot_api_dot_xlm_dot_v1_dot_sidecar__pb2.ForgetResponse.FromString,
+                _registered_method=True)
+        self.ListMemories = channel.unary_unary(
+                '/xlm.v1.Sidecar/ListMemories',
+                request_serializer=sidecar_dot_api_dot_xlm_dot_v1_dot_sidecar__pb2.ListMemoriesRequest.SerializeToString,
+                response_deserializer=sidecar_dot_api_dot_xlm_dot_v1_dot_sidecar__pb2.ListMemoriesResponse.FromString,
+                _registered_method=True)
 
 
 class SidecarServicer:
@@ -205,6 +225,36 @@ class SidecarServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Remember(self, request, context):
+        """NPC memory. Turns that leave a session's context become memories of its scope instead of
+        vanishing, and before each turn the best memories of the scopes the session reads are told to
+        the model (GenerateRequest.memory). A scope is a name the game picks: one NPC ("smith"), one
+        NPC and one player ("smith/p1"), or what several NPCs share ("village"). The game adds
+        (seeds) memories, searches, lists and forgets them. INVALID_ARGUMENT for empty, binary or
+        oversized text, bad scopes, tags or k; FAILED_PRECONDITION with --no-memory.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Recall(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Forget(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListMemories(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SidecarServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -267,6 +317,26 @@ def add_SidecarServicer_to_server(servicer, server):
                     servicer.ImportSessions,
                     request_deserializer=sidecar_dot_api_dot_xlm_dot_v1_dot_sidecar__pb2.ImportSessionsRequest.FromString,
                     response_serializer=sidecar_dot_api_dot_xlm_dot_v1_dot_sidecar__pb2.ImportSessionsResponse.SerializeToString,
+            ),
+            'Remember': grpc.unary_unary_rpc_method_handler(
+                    servicer.Remember,
+                    request_deserializer=sidecar_dot_api_dot_xlm_dot_v1_dot_sidecar__pb2.RememberRequest.FromString,
+                    response_serializer=sidecar_dot_api_dot_xlm_dot_v1_dot_sidecar__pb2.RememberResponse.SerializeToString,
+            ),
+            'Recall': grpc.unary_unary_rpc_method_handler(
+                    servicer.Recall,
+                    request_deserializer=sidecar_dot_api_dot_xlm_dot_v1_dot_sidecar__pb2.RecallRequest.FromString,
+                    response_serializer=sidecar_dot_api_dot_xlm_dot_v1_dot_sidecar__pb2.RecallResponse.SerializeToString,
+            ),
+            'Forget': grpc.unary_unary_rpc_method_handler(
+                    servicer.Forget,
+                    request_deserializer=sidecar_dot_api_dot_xlm_dot_v1_dot_sidecar__pb2.ForgetRequest.FromString,
+                    response_serializer=sidecar_dot_api_dot_xlm_dot_v1_dot_sidecar__pb2.ForgetResponse.SerializeToString,
+            ),
+            'ListMemories': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListMemories,
+                    request_deserializer=sidecar_dot_api_dot_xlm_dot_v1_dot_sidecar__pb2.ListMemoriesRequest.FromString,
+                    response_serializer=sidecar_dot_api_dot_xlm_dot_v1_dot_sidecar__pb2.ListMemoriesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -593,6 +663,114 @@ class Sidecar:
             '/xlm.v1.Sidecar/ImportSessions',
             sidecar_dot_api_dot_xlm_dot_v1_dot_sidecar__pb2.ImportSessionsRequest.SerializeToString,
             sidecar_dot_api_dot_xlm_dot_v1_dot_sidecar__pb2.ImportSessionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Remember(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/xlm.v1.Sidecar/Remember',
+            sidecar_dot_api_dot_xlm_dot_v1_dot_sidecar__pb2.RememberRequest.SerializeToString,
+            sidecar_dot_api_dot_xlm_dot_v1_dot_sidecar__pb2.RememberResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Recall(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/xlm.v1.Sidecar/Recall',
+            sidecar_dot_api_dot_xlm_dot_v1_dot_sidecar__pb2.RecallRequest.SerializeToString,
+            sidecar_dot_api_dot_xlm_dot_v1_dot_sidecar__pb2.RecallResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Forget(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/xlm.v1.Sidecar/Forget',
+            sidecar_dot_api_dot_xlm_dot_v1_dot_sidecar__pb2.ForgetRequest.SerializeToString,
+            sidecar_dot_api_dot_xlm_dot_v1_dot_sidecar__pb2.ForgetResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListMemories(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/xlm.v1.Sidecar/ListMemories',
+            sidecar_dot_api_dot_xlm_dot_v1_dot_sidecar__pb2.ListMemoriesRequest.SerializeToString,
+            sidecar_dot_api_dot_xlm_dot_v1_dot_sidecar__pb2.ListMemoriesResponse.FromString,
             options,
             channel_credentials,
             insecure,

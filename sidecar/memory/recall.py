@@ -1,0 +1,80 @@
+"""What a turn recalls and how it is told: pure, data in and out.
+
+Turns that leave a session's context become memories, one per user turn with the reply it got.
+Before a turn, the best memories of the scopes the session reads are told to the model in one
+system message, as many as fit the session's memory token budget, best first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# How a memory of a dropped turn reads (the model sees it again in the recalled block).
+PLAYER = "The player said: "
+REPLY = "You answered: "
+# A reply longer than this is cut in its memory: the player's words carry what is remembered,
+# and a long reply would spend the whole memory budget on one turn.
+MAX_REPLY_CHARS = 280
+# Memories scoring below this are not told, whatever room is left: an unrelated memory in the
+# prompt costs tokens and invites the model to bring it up. (Cosine of all-MiniLM-L6-v2; the
+# word vectors' scale is similar: unrelated lines score about 0.0-0.15 on both.)
+MIN_SCORE = 0.2
+HEADER = "Things you remember from earlier conversations:"
+# Bytes per token assumed to keep the block within its budget without tokenizing on this thread
+# (English BPE averages about 4; 3 leaves a margin). The context trim still has the last word.
+BYTES_PER_TOKEN = 3
+
+
+@dataclass(frozen=True)
+class TurnMemory:
+    text: str
+    turn: int  # the session's user turn it was (1 = the first)
+
+
+def turn_memories(messages: tuple[tuple[str, str], ...], first_turn: int) -> list[TurnMemory]:
+    """One memory per user turn of `messages` (dropped history), with the replies that followed;
+    system messages (tool lists told mid-conversation) are not memories."""
+    found: list[TurnMemory] = []
+    lines: list[str] = []
+    turn = first_turn - 1
+    for role, content in messages:
+        if role == "user":
+            if lines:
+                found.append(TurnMemory("\n".join(lines), max(turn, first_turn)))
+            turn += 1
+            lines = [PLAYER + content.strip()]
+        elif role == "assistant":
+            reply = content.strip()
+            if len(reply) > MAX_REPLY_CHARS:
+                reply = reply[:MAX_REPLY_CHARS].rsplit(" ", 1)[0] + " ..."
+            lines.append(REPLY + reply)
+    if lines:
+        found.append(TurnMemory("\n".join(lines), max(turn, first_turn)))
+    return found
+
+
+def estimated_tokens(text: str) -> int:
+    return len(text.encode("utf-8")) // BYTES_PER_TOKEN + 2
+
+
+def choose(found: list[tuple[object, float, str]], budget_tokens: int, min_score: float = MIN_SCORE) -> list[int]:
+    """Indices into `found` ((memory, score, text), best first) that are told: scoring at least
+    `min_score`, while the block stays within `budget_tokens`."""
+    chosen: list[int] = []
+    used = estimated_tokens(HEADER)
+    for i, (_, score, text) in enumerate(found):
+        if score < min_score:
+            break
+        cost = estimated_tokens(text)
+        if used + cost > budget_tokens:
+            continue  # a shorter memory further down may still fit
+        chosen.append(i)
+        used += cost
+    return chosen
+
+
+def block(texts: list[str]) -> str:
+    """The system message that tells the recalled memories, oldest knowledge first as given."""
+    if not texts:
+        return ""
+    return HEADER + "\n" + "\n".join("- " + t.replace("\n", " / ") for t in texts)

@@ -1,0 +1,306 @@
+"""NPC memory for every transport: turns that leave the context are kept, and recalled into the
+prompt at each turn; Remember, Recall, Forget and ListMemories for the game.
+
+Embedding and searching run on one memory thread (embedder.py), never on the event loop or the
+engine thread. A turn waits for its memories at most RECALL_WAIT_S: past that it goes on without
+them (counted in status as recalls_late) rather than hold the player's first token. 150 ms is
+about fifteen queued embeddings on 2 cores (a crowd whose turns all start at once), while one
+turn's own recall takes 5-15 ms (bench/run.py memory prints it); a reply's first token is some
+hundreds of milliseconds anyway, so a late memory costs less than a stalled NPC.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import unicodedata
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import structlog
+
+from sidecar.api import pb
+from sidecar.backend.requests import Finished, GenerationSpec
+from sidecar.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
+from sidecar.memory import recall
+from sidecar.memory.embedder import Embedder, open_embedder
+from sidecar.memory.store import Memory, MemoryStore
+
+log = structlog.get_logger("memory")
+
+RECALL_WAIT_S = 0.15
+DEFAULT_K = 4
+MAX_K_TURN = 32
+MAX_K_SEARCH = 100
+MAX_TEXT_BYTES = 4096
+MAX_TEXTS = 64
+MAX_TAGS = 16
+MAX_TAG_CHARS = 64
+MAX_SCOPE_CHARS = 128
+MAX_SCOPES = 16
+MAX_LIST = 1000
+# The recalled block's default share of the context.
+BUDGET_SHARE = 8
+# Remember calls waiting for the memory thread at once; past that RESOURCE_EXHAUSTED (a flood of
+# calls must not queue minutes of embedding in front of the NPCs' recalls).
+MAX_PENDING_WRITES = 8
+
+
+@dataclass(frozen=True)
+class MemorySettings:
+    enabled: bool = True
+    embedder: str = "auto"  # embedder.open_embedder's choice
+    cache_dir: Path = Path(".")
+    max_per_scope: int = 2000
+    max_total: int = 20000
+
+
+@dataclass(frozen=True)
+class SessionMemory:
+    """What a session remembers with (GenerateRequest.memory, held for its later turns)."""
+
+    scope: str
+    reads: tuple[str, ...]
+    max_tokens: int = 0
+    k: int = DEFAULT_K
+    tags: tuple[str, ...] = ()
+    off: bool = False
+
+
+def check_text(text: str, what: str) -> str:
+    if not text.strip():
+        raise InvalidArgument(f"{what} is empty")
+    if len(text.encode("utf-8")) > MAX_TEXT_BYTES:
+        raise InvalidArgument(f"{what} is {len(text.encode('utf-8'))} bytes; at most {MAX_TEXT_BYTES}")
+    for ch in text:
+        if unicodedata.category(ch) in ("Cc", "Cs", "Co", "Cn") and ch not in "\n\t":
+            raise InvalidArgument(f"{what} may not contain control or unassigned characters (found U+{ord(ch):04X})")
+    return text
+
+
+def check_name(name: str, what: str, limit: int) -> str:
+    if not name or len(name) > limit:
+        raise InvalidArgument(f"{what} must be 1 to {limit} characters")
+    for ch in name:
+        if unicodedata.category(ch)[0] in "CZ" and ch != " ":
+            raise InvalidArgument(f"{what} may not contain control or separator characters (found U+{ord(ch):04X})")
+    return name
+
+
+def check_tags(tags) -> tuple[str, ...]:
+    if len(tags) > MAX_TAGS:
+        raise InvalidArgument(f"{len(tags)} tags; at most {MAX_TAGS}")
+    return tuple(dict.fromkeys(check_name(t, "a tag", MAX_TAG_CHARS) for t in tags))
+
+
+def check_scopes(scopes) -> tuple[str, ...]:
+    if len(scopes) > MAX_SCOPES:
+        raise InvalidArgument(f"{len(scopes)} scopes; at most {MAX_SCOPES}")
+    return tuple(dict.fromkeys(check_name(s, "a scope", MAX_SCOPE_CHARS) for s in scopes))
+
+
+def memory_pb(m: Memory) -> pb.Memory:
+    return pb.Memory(id=m.id, scope=m.scope, text=m.text, tags=list(m.tags), created_unix_ms=int(m.created * 1000),
+                     source=m.source, session_id=m.session_id, turn=m.turn, uses=m.uses)
+
+
+def _query(spec: GenerationSpec) -> str:
+    """What a turn recalls by: its last user message (or its raw text)."""
+    p = spec.prompt
+    if not p.is_chat:
+        return (p.text or "")[-2000:]
+    messages = p.messages or ()
+    users = [content for role, content in messages if role == "user"]
+    return (users[-1] if users else messages[-1][1])[-2000:]
+
+
+class Memories:
+    """One per daemon, beside the service core (core.memories)."""
+
+    def __init__(self, settings: MemorySettings) -> None:
+        self.settings = settings
+        self.embedder: Embedder | None = None
+        self.store: MemoryStore | None = None
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="memory")
+        self._sessions: dict[str, SessionMemory] = {}
+        self._pending_writes = 0
+        self.recalls = 0
+        self.recalls_late = 0
+
+    async def start(self) -> None:
+        """Load the embedder on the memory thread (the daemon goes on serving meanwhile)."""
+        if not self.settings.enabled:
+            return
+        loop = asyncio.get_running_loop()
+        embedder = await loop.run_in_executor(self._thread, open_embedder, self.settings.embedder, self.settings.cache_dir)
+        self.store = MemoryStore(embedder.dims, self.settings.max_per_scope, self.settings.max_total)
+        self.embedder = embedder
+        log.info("memory ready", embedder=embedder.name, dims=embedder.dims)
+
+    def close(self) -> None:
+        self._thread.shutdown(wait=False, cancel_futures=True)
+
+    def _ready(self) -> MemoryStore:
+        if not self.settings.enabled:
+            raise FailedPrecondition("memory is off (--no-memory)")
+        if self.store is None:
+            raise FailedPrecondition("memory is still loading its embedding model; try again in a moment")
+        return self.store
+
+    def _embed(self, texts: list[str]):
+        """On the memory thread only (embedder.py)."""
+        assert self.embedder is not None  # set together with the store, before any call reaches here
+        return self.embedder.embed(texts)
+
+    async def _on_thread(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
+
+    # -- turns ---------------------------------------------------------------------------------
+
+    def session_memory(self, request: pb.GenerateRequest, spec: GenerationSpec) -> SessionMemory | None:
+        """The memory options of the request's session (given now, or held from an earlier turn)."""
+        if not spec.session_id or not self.settings.enabled:
+            return None
+        if request.HasField("memory"):
+            o = request.memory
+            scope = check_name(o.scope, "memory.scope", MAX_SCOPE_CHARS) if o.scope else spec.session_id
+            if o.k > MAX_K_TURN:
+                raise InvalidArgument(f"memory.k is {o.k}; at most {MAX_K_TURN}")
+            chosen = SessionMemory(scope, check_scopes(o.read_scopes) or (scope,), o.max_tokens, o.k or DEFAULT_K,
+                                   check_tags(o.tags), o.off)
+            self._sessions[spec.session_id] = chosen
+            return chosen
+        return self._sessions.get(spec.session_id) or SessionMemory(spec.session_id, (spec.session_id,))
+
+    async def for_turn(self, options: SessionMemory | None, spec: GenerationSpec,
+                       context_tokens: int | None) -> tuple[GenerationSpec, list[Memory]]:
+        """`spec` with its recalled memories in the prompt, and those memories."""
+        if options is None or options.off or self.store is None or not spec.prompt.is_chat:
+            return spec, []
+        store = self.store
+        if not any(scope in store.scope_names() for scope in options.reads):
+            return spec, []
+        budget = options.max_tokens or (context_tokens or 4096) // BUDGET_SHARE
+        self.recalls += 1
+        try:
+            found = await asyncio.wait_for(self._on_thread(self._search, options, _query(spec)), RECALL_WAIT_S)
+        except asyncio.TimeoutError:
+            self.recalls_late += 1
+            log.info("memories late; the turn goes without them", session_id=spec.session_id)
+            return spec, []
+        chosen = [found[i][0] for i in recall.choose([(m, s, m.text) for m, s in found], budget)]
+        if not chosen:
+            return spec, []
+        store.mark_used(chosen)
+        prompt = replace(spec.prompt, memories=recall.block([m.text for m in chosen]))
+        return replace(spec, prompt=prompt), chosen
+
+    def _search(self, options: SessionMemory, query: str) -> list[tuple[Memory, float]]:
+        vector = self._embed([query])[0]
+        return self._ready().search(list(options.reads), vector, options.k, tags=options.tags)
+
+    async def keep_dropped(self, options: SessionMemory | None, finished: Finished) -> list[Memory]:
+        """The turns `finished` dropped from its session, stored as memories of its scope."""
+        if options is None or options.off or self.store is None or not finished.dropped_messages:
+            return []
+        turns = recall.turn_memories(finished.dropped_messages, finished.first_dropped_turn)
+        if not turns:
+            return []
+        texts = [t.text for t in turns]
+        vectors = await self._on_thread(self._embed, texts)
+        added = self.store.add(options.scope, texts, vectors, source="context", session_id=finished.session_id,
+                               turns=[t.turn for t in turns])
+        log.info("context full: turns became memories", session_id=finished.session_id, scope=options.scope,
+                 memories=len(added))
+        return added
+
+    def end_session(self, session_id: str) -> None:
+        self._sessions.pop(session_id, None)
+
+    # -- the game's calls ----------------------------------------------------------------------
+
+    def _scope_of(self, scope: str, session_id: str) -> str:
+        if scope:
+            return check_name(scope, "scope", MAX_SCOPE_CHARS)
+        if session_id:
+            held = self._sessions.get(session_id)
+            return held.scope if held is not None else check_name(session_id, "session_id", MAX_SCOPE_CHARS)
+        raise InvalidArgument("name a scope or a session_id")
+
+    async def remember(self, request: pb.RememberRequest) -> pb.RememberResponse:
+        store = self._ready()
+        scope = self._scope_of(request.scope, request.session_id)
+        if not request.texts:
+            raise InvalidArgument("texts is empty")
+        if len(request.texts) > MAX_TEXTS:
+            raise InvalidArgument(f"{len(request.texts)} texts; at most {MAX_TEXTS} a call")
+        texts = [check_text(t, f"texts[{i}]") for i, t in enumerate(request.texts)]
+        tags = check_tags(request.tags)
+        if self._pending_writes >= MAX_PENDING_WRITES:
+            raise ResourceExhausted(f"{MAX_PENDING_WRITES} Remember calls are being embedded; wait for them")
+        self._pending_writes += 1
+        try:
+            vectors = await self._on_thread(self._embed, texts)
+        finally:
+            self._pending_writes -= 1
+        added = store.add(scope, texts, vectors, tags=tags, session_id=request.session_id)
+        return pb.RememberResponse(memories=[memory_pb(m) for m in added])
+
+    async def recall_memories(self, request: pb.RecallRequest) -> pb.RecallResponse:
+        store = self._ready()
+        scopes = check_scopes(request.scopes)
+        if not scopes:
+            raise InvalidArgument("scopes is empty")
+        query = check_text(request.query, "query")
+        if request.k > MAX_K_SEARCH:
+            raise InvalidArgument(f"k is {request.k}; at most {MAX_K_SEARCH}")
+        tags = check_tags(request.tags)
+        k = request.k or DEFAULT_K
+
+        def search():
+            return store.search(list(scopes), self._embed([query])[0], k, tags=tags)
+        found = await self._on_thread(search)
+        return pb.RecallResponse(memories=[pb.RecalledMemory(memory=memory_pb(m), score=s) for m, s in found])
+
+    async def forget(self, request: pb.ForgetRequest) -> pb.ForgetResponse:
+        store = self._ready()
+        tags = check_tags(request.tags)
+        scope = check_name(request.scope, "scope", MAX_SCOPE_CHARS) if request.scope else ""
+        if not request.ids and not tags and not scope:
+            raise InvalidArgument("name memories by ids, tags or a scope")
+        if len(request.ids) > MAX_LIST:
+            raise InvalidArgument(f"{len(request.ids)} ids; at most {MAX_LIST} a call")
+        return pb.ForgetResponse(forgotten=store.forget(ids=tuple(request.ids), tags=tags, scope=scope))
+
+    async def list_memories(self, request: pb.ListMemoriesRequest) -> pb.ListMemoriesResponse:
+        store = self._ready()
+        scope = check_name(request.scope, "scope", MAX_SCOPE_CHARS) if request.scope else ""
+        if request.limit > MAX_LIST:
+            raise InvalidArgument(f"limit is {request.limit}; at most {MAX_LIST}")
+        page, total = store.listing(scope=scope, tags=check_tags(request.tags), offset=request.offset,
+                                    limit=request.limit or 100)
+        return pb.ListMemoriesResponse(memories=[memory_pb(m) for m in page], total=total)
+
+    def status_pb(self) -> pb.MemoryStatus:
+        store, embedder = self.store, self.embedder
+        return pb.MemoryStatus(
+            enabled=self.settings.enabled,
+            embedder=embedder.name if embedder is not None else "",
+            memories=len(store) if store is not None else 0,
+            scopes=len(store.scope_names()) if store is not None else 0,
+            bytes=store.bytes if store is not None else 0,
+            model_bytes=embedder.model_bytes if embedder is not None else 0,
+            recalls=self.recalls,
+            recalls_late=self.recalls_late,
+            evicted=store.evicted if store is not None else 0,
+        )
+
+
+def added_event(session_id: str, scope: str, added: list[Memory]) -> pb.MemoriesAdded:
+    return pb.MemoriesAdded(session_id=session_id, scope=scope, memory_ids=[m.id for m in added])
+
+
+def stamp(final: pb.GenerationFinal, used: list[Memory], added: list[Memory]) -> None:
+    final.memories_used.extend(m.id for m in used)
+    final.memories_added.extend(m.id for m in added)
+
