@@ -76,6 +76,8 @@ SCENARIOS: dict[str, Scenario] = {
                      "game:scenario", "game:options", suite=False, repeats=1),
     "tool-choice": Scenario("tool_choice auto: calls where a tool fits, words where none does, against llama-server",
                             "tool_choice:scenario", "tool_choice:options", suite=False, repeats=None),
+    "memory": Scenario("NPC memory: planted facts recalled into the prompt after they left the context, and recall's cost per turn",
+                       "memory:scenario", "memory:options", suite=False, repeats=None),
     "structured": Scenario("NPC tool calls and JSON replies: jump-forward against token by token and llama-server",
                            "structured:scenario", "structured:options", suite=False, repeats=3),
     "save-games": Scenario("16 NPCs saved with and without KV, a restart, restored against rebuilt and resent in full",

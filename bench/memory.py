@@ -1,0 +1,150 @@
+"""NPC memory (issue 39): does a fact told early in a long evening reach the prompt when the player
+asks about it again, long after it left the context; and what recall costs a turn.
+
+  retrieval   one NPC at --ctx 1024: 20 facts told in the first turns (bench/memory_facts.py),
+              --small-talk turns of chatter, then a paraphrased question about each fact. A hit
+              is a question whose turn told the model (final.memories_used) a memory holding the
+              fact's key word: the mechanism, not what a 135M model answers. Side by side: the
+              default embedder (all-MiniLM-L6-v2), `--embedding-model words`, and memory off.
+  cost        the time to first token a turn adds when it recalls from a scope of N memories
+              (seeded with Remember) against the same turn with memory off, alternating, p50 and
+              p99; the prompt tokens the recalled block adds; the store's and the embedding
+              model's bytes beside the daemon's resident memory.
+
+    python bench/run.py memory [--small-talk 110] [--sizes 100,1000,10000] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+from bench.common import percentile
+from bench.memory_facts import FACTS, small_talk
+
+ARGS = ("--ctx", "1024", "--stream-interval-ms", "0")
+REPLY_TOKENS = 16
+SYSTEM = "You are Brom, the blacksmith of Eld. Answer in one short sentence."
+
+
+def options(group) -> None:
+    group.add_argument("--small-talk", type=int, default=None, help="turns between the facts and the questions; default 110 (30 with --quick)")
+    group.add_argument("--sizes", default=None, help="scope sizes for the cost, comma-separated; default 100,1000,10000 (100,1000 with --quick)")
+    group.add_argument("--turns", type=int, default=None, help="timed turns per side and size; default 30 (8 with --quick)")
+
+
+def _say(client, pb, sid: str, text: str, memory=None, system: str = ""):
+    messages = ([pb.ChatMessage(role="system", content=system)] if system else []) + [pb.ChatMessage(role="user", content=text)]
+    return client.complete(pb.GenerateRequest(
+        messages=pb.ChatMessages(messages=messages), max_tokens=REPLY_TOKENS, session_id=sid, memory=memory,
+        sampling=pb.SamplingParams(temperature=0.0))).final
+
+
+def _evening(client, pb, small: int) -> dict:
+    sid = "brom/p1"
+    _say(client, pb, sid, FACTS[0].told, system=SYSTEM)
+    for fact in FACTS[1:]:
+        _say(client, pb, sid, fact.told)
+    dropped = 0
+    for line in small_talk(small):
+        dropped += _say(client, pb, sid, line).history_turns_dropped
+    texts = {m.id: m.text for m in client.list_memories(sid, limit=1000).memories}
+    hits, added_tokens, asked = 0, [], []
+    for fact in FACTS:
+        final = _say(client, pb, sid, fact.asked)
+        told = [texts.get(i, "") for i in final.memories_used]
+        hit = any(fact.key.lower() in t.lower() for t in told)
+        hits += hit
+        asked.append({"question": fact.asked, "hit": hit, "told": len(told)})
+    return {"recall": hits / len(FACTS), "hits": hits, "facts": len(FACTS), "turns_dropped": dropped,
+            "memories": len(texts), "questions": asked}
+
+
+def _cost(client, pb, sizes: list[int], turns: int) -> dict:
+    results = {}
+    for size in sizes:
+        scope = f"lore-{size}"
+        have = 0
+        while have < size:
+            batch = [f"Rumour {have + i}: the {small_talk(1, seed=have + i)[0]}" for i in range(min(64, size - have))]
+            have += len(client.remember(batch, scope=scope))
+        on, off, extra = [], [], []
+        for i in range(turns):
+            question = FACTS[i % len(FACTS)].asked
+            reads = pb.MemoryOptions(read_scopes=[scope], k=4)
+            # Fresh one-turn sessions: the same prompt both sides but for the recalled block.
+            a = _say(client, pb, f"off-{size}-{i}", question, pb.MemoryOptions(off=True), SYSTEM)
+            b = _say(client, pb, f"on-{size}-{i}", question, reads, SYSTEM)
+            off.append(a.timings.time_to_first_token_ms)
+            on.append(b.timings.time_to_first_token_ms)
+            extra.append(b.usage.prompt_tokens - a.usage.prompt_tokens)
+            client.end_session(f"off-{size}-{i}")
+            client.end_session(f"on-{size}-{i}")
+        # The daemon's TTFT starts when the engine gets the job, after recall: time the whole
+        # call for the added wait too (client side, same machine).
+        t0 = time.perf_counter()
+        for i in range(turns):
+            _say(client, pb, f"w-{size}-{i}", FACTS[i % len(FACTS)].asked, pb.MemoryOptions(read_scopes=[scope]), SYSTEM)
+            client.end_session(f"w-{size}-{i}")
+        with_recall = (time.perf_counter() - t0) / turns * 1000
+        t0 = time.perf_counter()
+        for i in range(turns):
+            _say(client, pb, f"x-{size}-{i}", FACTS[i % len(FACTS)].asked, pb.MemoryOptions(off=True), SYSTEM)
+            client.end_session(f"x-{size}-{i}")
+        without = (time.perf_counter() - t0) / turns * 1000
+        status = client.status()
+        results[size] = {
+            "ttft_on_p50": statistics.median(on), "ttft_on_p99": percentile(on, 99),
+            "ttft_off_p50": statistics.median(off), "ttft_off_p99": percentile(off, 99),
+            "turn_ms_on": with_recall, "turn_ms_off": without,
+            "added_prompt_tokens_p50": statistics.median(extra),
+            "store_bytes": status.memories.bytes, "model_bytes": status.memories.model_bytes,
+            "resident_bytes": status.memory.host_resident_bytes,
+        }
+        client.forget(scope=scope)
+    return results
+
+
+def scenario(args: argparse.Namespace) -> dict:
+    from sidecar.api import pb
+    from sidecar.daemon_process import start_daemon, stop_daemon
+
+    small = args.small_talk or (30 if args.quick else 110)
+    sizes = [int(s) for s in (args.sizes or ("100,1000" if args.quick else "100,1000,10000")).split(",")]
+    turns = args.turns or (8 if args.quick else 30)
+    out: dict = {"retrieval": {}, "cost": {}}
+    for name, extra in (("all-MiniLM-L6-v2", ()), ("words", ("--embedding-model", "words")), ("off", ("--no-memory",))):
+        daemon = start_daemon(*ARGS, *extra, "--profile", "off")
+        try:
+            with daemon.client(timeout_s=600) as client:
+                _wait_memory(client, name)
+                if name == "off":
+                    out["retrieval"][name] = {"recall": 0.0, "note": "--no-memory: dropped turns are gone"}
+                    continue
+                out["retrieval"][name] = _evening(client, pb, small)
+                if name == "all-MiniLM-L6-v2":
+                    out["cost"] = _cost(client, pb, sizes, turns)
+        finally:
+            stop_daemon(daemon)
+    _print(out)
+    return out
+
+
+def _wait_memory(client, name: str) -> None:
+    deadline = time.monotonic() + 60
+    while name != "off" and not client.status().memories.embedder and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+
+def _print(out: dict) -> None:
+    print("retrieval: share of questions whose planted fact was told to the model")
+    for name, r in out["retrieval"].items():
+        extra = f"  ({r['hits']}/{r['facts']}, {r['memories']} memories, {r['turns_dropped']} turns dropped)" if "hits" in r else ""
+        print(f"  {name:18} {r['recall'] * 100:5.0f}%{extra}")
+    print("cost per turn (the daemon's time to first token, ms; whole call ms client side)")
+    print("  memories   ttft on p50/p99    ttft off p50/p99   call on/off   +prompt tok  store MB  model MB  RSS MB")
+    for size, c in out["cost"].items():
+        print(f"  {size:8}   {c['ttft_on_p50']:7.1f}/{c['ttft_on_p99']:7.1f}   {c['ttft_off_p50']:7.1f}/{c['ttft_off_p99']:7.1f}"
+              f"   {c['turn_ms_on']:6.0f}/{c['turn_ms_off']:<6.0f}  {c['added_prompt_tokens_p50']:8.0f}"
+              f"   {c['store_bytes'] / 2**20:7.1f}  {c['model_bytes'] / 2**20:7.1f}  {c['resident_bytes'] / 2**20:6.0f}")
