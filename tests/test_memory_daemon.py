@@ -135,3 +135,23 @@ def test_memory_over_the_bridge(daemon) -> None:
         assert gone["result"]["forgotten"] == 1
         [bad] = bridge.call("Remember", {"scope": "guard", "texts": [""]})
         assert "error" in bad
+
+
+def test_memories_travel_with_a_save(daemon) -> None:
+    with daemon.client(timeout_s=120) as c:
+        turn(c, "bard", "Hello there.", system="You are the bard.",
+             memory=pb.MemoryOptions(scope="bard", read_scopes=["bard", "tavern"]))
+        c.remember(["The player sang the ballad of the grey mare."], scope="bard", tags=["song"])
+        c.remember(["The tavern's cellar floods every spring."], scope="tavern")
+        c.remember(["Unrelated: the guard's secret."], scope="guard-only")
+        saved = c.export_sessions(["bard"])
+        c.forget(scope="bard")
+        c.forget(scope="tavern")
+        c.import_sessions(saved.data, replace=True)
+        bard = c.list_memories("bard").memories
+        tavern = c.list_memories("tavern").memories
+        assert [m.text for m in bard] == ["The player sang the ballad of the grey mare."]
+        assert list(bard[0].tags) == ["song"] and [m.text for m in tavern] == ["The tavern's cellar floods every spring."]
+        # The vectors came back usable: a search finds it.
+        assert c.recall("which song did I sing?", ["bard"])[0].memory.id == bard[0].id
+        assert c.list_memories("guard-only").total == 1  # not in the save, not touched

@@ -121,12 +121,13 @@ class MemoryStore:
                 added.append(memory)
         return added
 
-    def put(self, memories: list[Memory], vectors: np.ndarray) -> None:
-        """Memories restored from a save, with their ids, uses and times (ids after the highest)."""
+    def restore(self, memories: list[Memory], vectors: np.ndarray) -> list[Memory]:
+        """Memories from a save: their texts, times, uses and origins kept, under new ids (ids are
+        this daemon's own), within the bounds like any other."""
+        restored = []
         with self._lock:
             for memory, vector in zip(memories, vectors):
-                if memory.id in self._where:
-                    self._remove_id(memory.id)
+                memory.id = next(self._ids)
                 index = self._scopes.setdefault(memory.scope, _Scope(self.dims))
                 while len(index.memories) >= self.max_per_scope:
                     self._evict(memory.scope, index.least_used())
@@ -134,9 +135,8 @@ class MemoryStore:
                     self._evict_anywhere()
                 index.append(memory, vector)
                 self._where[memory.id] = memory.scope
-            top = max((m.id for m in memories), default=0)
-            current = next(self._ids)
-            self._ids = itertools.count(max(current, top + 1))
+                restored.append(memory)
+        return restored
 
     def search(self, scopes: list[str], query: np.ndarray, k: int, *, tags: tuple[str, ...] = (),
                min_score: float = -1.0) -> list[tuple[Memory, float]]:

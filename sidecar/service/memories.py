@@ -25,6 +25,7 @@ from sidecar.errors import FailedPrecondition, InvalidArgument, ResourceExhauste
 from sidecar.memory import recall
 from sidecar.memory.embedder import Embedder, open_embedder
 from sidecar.memory.store import Memory, MemoryStore
+from sidecar.service import memory_saves
 
 log = structlog.get_logger("memory")
 
@@ -41,6 +42,9 @@ MAX_SCOPES = 16
 MAX_LIST = 1000
 # The recalled block's default share of the context.
 BUDGET_SHARE = 8
+# How long a memory call (and a turn's dropped turns) waits for the embedding model to load at
+# start (about a second the first time, when it is converted; 0.1 s later).
+LOAD_WAIT_S = 30.0
 # Remember calls waiting for the memory thread at once; past that RESOURCE_EXHAUSTED (a flood of
 # calls must not queue minutes of embedding in front of the NPCs' recalls).
 MAX_PENDING_WRITES = 8
@@ -124,23 +128,35 @@ class Memories:
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="memory")
         self._sessions: dict[str, SessionMemory] = {}
         self._pending_writes = 0
+        self._loaded = asyncio.Event()  # set once start() has ended, loaded or not
         self.recalls = 0
         self.recalls_late = 0
 
     async def start(self) -> None:
         """Load the embedder on the memory thread (the daemon goes on serving meanwhile)."""
-        if not self.settings.enabled:
-            return
-        loop = asyncio.get_running_loop()
-        embedder = await loop.run_in_executor(self._thread, open_embedder, self.settings.embedder, self.settings.cache_dir)
-        self.store = MemoryStore(embedder.dims, self.settings.max_per_scope, self.settings.max_total)
-        self.embedder = embedder
-        log.info("memory ready", embedder=embedder.name, dims=embedder.dims)
+        try:
+            if not self.settings.enabled:
+                return
+            loop = asyncio.get_running_loop()
+            embedder = await loop.run_in_executor(self._thread, open_embedder, self.settings.embedder, self.settings.cache_dir)
+            self.store = MemoryStore(embedder.dims, self.settings.max_per_scope, self.settings.max_total)
+            self.embedder = embedder
+            log.info("memory ready", embedder=embedder.name, dims=embedder.dims)
+        finally:
+            self._loaded.set()
+
+    async def _loading_done(self) -> None:
+        if self.settings.enabled and not self._loaded.is_set():
+            try:
+                await asyncio.wait_for(self._loaded.wait(), LOAD_WAIT_S)
+            except asyncio.TimeoutError:
+                pass
 
     def close(self) -> None:
         self._thread.shutdown(wait=False, cancel_futures=True)
 
-    def _ready(self) -> MemoryStore:
+    async def _ready(self) -> MemoryStore:
+        await self._loading_done()
         if not self.settings.enabled:
             raise FailedPrecondition("memory is off (--no-memory)")
         if self.store is None:
@@ -170,7 +186,33 @@ class Memories:
                                    check_tags(o.tags), o.off)
             self._sessions[spec.session_id] = chosen
             return chosen
-        return self._sessions.get(spec.session_id) or SessionMemory(spec.session_id, (spec.session_id,))
+        return self.held_options(spec.session_id)
+
+    def held_options(self, session_id: str) -> SessionMemory:
+        """A session's memory options: the last it was given, else its own scope alone."""
+        return self._sessions.get(session_id) or SessionMemory(session_id, (session_id,))
+
+    @property
+    def given_options(self) -> dict[str, SessionMemory]:
+        return self._sessions
+
+    def hold_options(self, session_id: str, scope: str, reads: tuple[str, ...], max_tokens: int, k: int,
+                     tags: tuple[str, ...], off: bool) -> None:
+        """Options restored from a save (checked as a request's are)."""
+        scope = check_name(scope or session_id, "memory.scope", MAX_SCOPE_CHARS)
+        self._sessions[session_id] = SessionMemory(scope, check_scopes(reads) or (scope,), max_tokens,
+                                                   min(k, MAX_K_TURN) or DEFAULT_K, check_tags(tags), off)
+
+    async def add_to_archive(self, archive, everything: bool) -> None:
+        await self._loading_done()
+        await asyncio.to_thread(memory_saves.add_to_archive, self, archive, everything)
+
+    async def restore(self, archive, replace: bool) -> int:
+        """The archive's memories and options (after its sessions were taken)."""
+        await self._loading_done()
+        if self.store is None:
+            return 0
+        return await self._on_thread(memory_saves.restore_from_archive, self, archive, replace)
 
     async def for_turn(self, options: SessionMemory | None, spec: GenerationSpec,
                        context_tokens: int | None) -> tuple[GenerationSpec, list[Memory]]:
@@ -197,11 +239,15 @@ class Memories:
 
     def _search(self, options: SessionMemory, query: str) -> list[tuple[Memory, float]]:
         vector = self._embed([query])[0]
-        return self._ready().search(list(options.reads), vector, options.k, tags=options.tags)
+        assert self.store is not None
+        return self.store.search(list(options.reads), vector, options.k, tags=options.tags)
 
     async def keep_dropped(self, options: SessionMemory | None, finished: Finished) -> list[Memory]:
         """The turns `finished` dropped from its session, stored as memories of its scope."""
-        if options is None or options.off or self.store is None or not finished.dropped_messages:
+        if options is None or options.off or not finished.dropped_messages:
+            return []
+        await self._loading_done()  # turns dropped while the model loads are kept too
+        if self.store is None:
             return []
         turns = recall.turn_memories(finished.dropped_messages, finished.first_dropped_turn)
         if not turns:
@@ -228,7 +274,7 @@ class Memories:
         raise InvalidArgument("name a scope or a session_id")
 
     async def remember(self, request: pb.RememberRequest) -> pb.RememberResponse:
-        store = self._ready()
+        store = await self._ready()
         scope = self._scope_of(request.scope, request.session_id)
         if not request.texts:
             raise InvalidArgument("texts is empty")
@@ -247,7 +293,7 @@ class Memories:
         return pb.RememberResponse(memories=[memory_pb(m) for m in added])
 
     async def recall_memories(self, request: pb.RecallRequest) -> pb.RecallResponse:
-        store = self._ready()
+        store = await self._ready()
         scopes = check_scopes(request.scopes)
         if not scopes:
             raise InvalidArgument("scopes is empty")
@@ -263,7 +309,7 @@ class Memories:
         return pb.RecallResponse(memories=[pb.RecalledMemory(memory=memory_pb(m), score=s) for m, s in found])
 
     async def forget(self, request: pb.ForgetRequest) -> pb.ForgetResponse:
-        store = self._ready()
+        store = await self._ready()
         tags = check_tags(request.tags)
         scope = check_name(request.scope, "scope", MAX_SCOPE_CHARS) if request.scope else ""
         if not request.ids and not tags and not scope:
@@ -273,7 +319,7 @@ class Memories:
         return pb.ForgetResponse(forgotten=store.forget(ids=tuple(request.ids), tags=tags, scope=scope))
 
     async def list_memories(self, request: pb.ListMemoriesRequest) -> pb.ListMemoriesResponse:
-        store = self._ready()
+        store = await self._ready()
         scope = check_name(request.scope, "scope", MAX_SCOPE_CHARS) if request.scope else ""
         if request.limit > MAX_LIST:
             raise InvalidArgument(f"limit is {request.limit}; at most {MAX_LIST}")

@@ -23,6 +23,7 @@ from sidecar.api import pb
 from sidecar.backend.save_fingerprint import model_digest
 from sidecar.backend.save_format import MAX_ARCHIVE_BYTES, open_archive, seal
 from sidecar.errors import InvalidArgument, ResourceExhausted, Unimplemented
+from sidecar.service.memory_saves import check_archive_memories
 from sidecar.service.request_checks import check_session_id
 
 log = structlog.get_logger("service")
@@ -77,6 +78,7 @@ class SessionSaves:
             raise InvalidArgument(f"chunk_bytes {step} is out of range ({MIN_CHUNK_BYTES} to {MAX_CHUNK_BYTES}; 0 for 1 MiB)")
         await asyncio.to_thread(model_digest, backend.config.model_path)  # read once, off the engine thread
         archive, infos = await asyncio.wrap_future(backend.export_sessions(list(request.session_ids), request.include_kv))
+        await self.core.memories.add_to_archive(archive, everything=not request.session_ids)
         blob = await asyncio.to_thread(seal, archive)
         if len(blob) > self.max_archive_bytes:
             raise ResourceExhausted(f"the archive would be {len(blob)} bytes; the limit is {self.max_archive_bytes}: "
@@ -109,8 +111,12 @@ class SessionSaves:
     async def import_bytes(self, blob: bytes, *, replace: bool, backend=None) -> pb.ImportSessionsResponse:
         backend = backend or self._backend()
         archive = await asyncio.to_thread(open_archive, blob, max_bytes=self.max_archive_bytes)
+        check_archive_memories(archive)
         ours = await asyncio.to_thread(_fingerprint_of, backend, archive.fingerprint.layers)
         infos = await asyncio.wrap_future(backend.import_sessions(archive, ours, replace))
+        remembered = await self.core.memories.restore(archive, replace)
+        if remembered:
+            log.info("memories imported", memories=remembered)
         a = self.activity
         a.imports += 1
         a.last_import_bytes, a.last_import_sessions = len(blob), len(infos)

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n(sidecar/api/xlm/v1/session_archive.proto\x12\x06xlm.v1\"\xad\x01\n\x0eSessionArchive\x12\x16\n\x0e\x66ormat_version\x18\x01 \x01(\r\x12\x17\n\x0f\x63reated_unix_ms\x18\x02 \x01(\x03\x12\x16\n\x0e\x64\x61\x65mon_version\x18\x03 \x01(\t\x12*\n\x0b\x66ingerprint\x18\x04 \x01(\x0b\x32\x15.xlm.v1.KvFingerprint\x12&\n\x08sessions\x18\x05 \x03(\x0b\x32\x14.xlm.v1.SavedSession\"\xd5\x01\n\rKvFingerprint\x12\x14\n\x0cmodel_digest\x18\x01 \x01(\x0c\x12\x13\n\x0bmodel_bytes\x18\x02 \x01(\x04\x12\x12\n\nmodel_name\x18\x03 \x01(\t\x12\x1b\n\x13\x63ontext_per_session\x18\x04 \x01(\r\x12\x11\n\tkv_type_k\x18\x05 \x01(\t\x12\x11\n\tkv_type_v\x18\x06 \x01(\t\x12\x1d\n\x15prompt_layout_version\x18\x07 \x01(\r\x12\x13\n\x0bllama_build\x18\x08 \x01(\t\x12\x0e\n\x06layers\x18\t \x01(\r\"-\n\x0cSavedMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"*\n\nSavedReply\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x0e\n\x06tokens\x18\x02 \x03(\x05\"\xfb\x01\n\x0cSavedSession\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12&\n\x08messages\x18\x02 \x03(\x0b\x32\x14.xlm.v1.SavedMessage\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x10\n\x08has_sent\x18\x04 \x01(\x08\x12\"\n\x04sent\x18\x05 \x03(\x0b\x32\x14.xlm.v1.SavedMessage\x12#\n\x07replies\x18\x06 \x03(\x0b\x32\x12.xlm.v1.SavedReply\x12\x0e\n\x06tokens\x18\x07 \x01(\r\x12\x19\n\x11last_used_unix_ms\x18\x08 \x01(\x03\x12\x1b\n\x02kv\x18\t \x01(\x0b\x32\x0f.xlm.v1.SavedKv\"(\n\x07SavedKv\x12\x0e\n\x06tokens\x18\x01 \x03(\x05\x12\r\n\x05state\x18\x02 \x01(\x0c\x42\x11\xaa\x02\x0eXlm.Sidecar.V1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n(sidecar/api/xlm/v1/session_archive.proto\x12\x06xlm.v1\"\xa1\x02\n\x0eSessionArchive\x12\x16\n\x0e\x66ormat_version\x18\x01 \x01(\r\x12\x17\n\x0f\x63reated_unix_ms\x18\x02 \x01(\x03\x12\x16\n\x0e\x64\x61\x65mon_version\x18\x03 \x01(\t\x12*\n\x0b\x66ingerprint\x18\x04 \x01(\x0b\x32\x15.xlm.v1.KvFingerprint\x12&\n\x08sessions\x18\x05 \x03(\x0b\x32\x14.xlm.v1.SavedSession\x12%\n\x08memories\x18\x06 \x03(\x0b\x32\x13.xlm.v1.SavedMemory\x12\x17\n\x0fmemory_embedder\x18\x07 \x01(\t\x12\x32\n\x0ememory_options\x18\x08 \x03(\x0b\x32\x1a.xlm.v1.SavedMemoryOptions\"\xbc\x01\n\x0bSavedMemory\x12\r\n\x05scope\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x0c\n\x04tags\x18\x03 \x03(\t\x12\x17\n\x0f\x63reated_unix_ms\x18\x04 \x01(\x03\x12\x0e\n\x06source\x18\x05 \x01(\t\x12\x12\n\nsession_id\x18\x06 \x01(\t\x12\x0c\n\x04turn\x18\x07 \x01(\r\x12\x0c\n\x04uses\x18\x08 \x01(\r\x12\x19\n\x11last_used_unix_ms\x18\t \x01(\x03\x12\x0e\n\x06vector\x18\n \x01(\x0c\"\x86\x01\n\x12SavedMemoryOptions\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05scope\x18\x02 \x01(\t\x12\x13\n\x0bread_scopes\x18\x03 \x03(\t\x12\x12\n\nmax_tokens\x18\x04 \x01(\r\x12\t\n\x01k\x18\x05 \x01(\r\x12\x0c\n\x04tags\x18\x06 \x03(\t\x12\x0b\n\x03off\x18\x07 \x01(\x08\"\xd5\x01\n\rKvFingerprint\x12\x14\n\x0cmodel_digest\x18\x01 \x01(\x0c\x12\x13\n\x0bmodel_bytes\x18\x02 \x01(\x04\x12\x12\n\nmodel_name\x18\x03 \x01(\t\x12\x1b\n\x13\x63ontext_per_session\x18\x04 \x01(\r\x12\x11\n\tkv_type_k\x18\x05 \x01(\t\x12\x11\n\tkv_type_v\x18\x06 \x01(\t\x12\x1d\n\x15prompt_layout_version\x18\x07 \x01(\r\x12\x13\n\x0bllama_build\x18\x08 \x01(\t\x12\x0e\n\x06layers\x18\t \x01(\r\"-\n\x0cSavedMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"*\n\nSavedReply\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x0e\n\x06tokens\x18\x02 \x03(\x05\"\xfb\x01\n\x0cSavedSession\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12&\n\x08messages\x18\x02 \x03(\x0b\x32\x14.xlm.v1.SavedMessage\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x10\n\x08has_sent\x18\x04 \x01(\x08\x12\"\n\x04sent\x18\x05 \x03(\x0b\x32\x14.xlm.v1.SavedMessage\x12#\n\x07replies\x18\x06 \x03(\x0b\x32\x12.xlm.v1.SavedReply\x12\x0e\n\x06tokens\x18\x07 \x01(\r\x12\x19\n\x11last_used_unix_ms\x18\x08 \x01(\x03\x12\x1b\n\x02kv\x18\t \x01(\x0b\x32\x0f.xlm.v1.SavedKv\"(\n\x07SavedKv\x12\x0e\n\x06tokens\x18\x01 \x03(\x05\x12\r\n\x05state\x18\x02 \x01(\x0c\x42\x11\xaa\x02\x0eXlm.Sidecar.V1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,15 +33,19 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'\252\002\016Xlm.Sidecar.V1'
   _globals['_SESSIONARCHIVE']._serialized_start=53
-  _globals['_SESSIONARCHIVE']._serialized_end=226
-  _globals['_KVFINGERPRINT']._serialized_start=229
-  _globals['_KVFINGERPRINT']._serialized_end=442
-  _globals['_SAVEDMESSAGE']._serialized_start=444
-  _globals['_SAVEDMESSAGE']._serialized_end=489
-  _globals['_SAVEDREPLY']._serialized_start=491
-  _globals['_SAVEDREPLY']._serialized_end=533
-  _globals['_SAVEDSESSION']._serialized_start=536
-  _globals['_SAVEDSESSION']._serialized_end=787
-  _globals['_SAVEDKV']._serialized_start=789
-  _globals['_SAVEDKV']._serialized_end=829
+  _globals['_SESSIONARCHIVE']._serialized_end=342
+  _globals['_SAVEDMEMORY']._serialized_start=345
+  _globals['_SAVEDMEMORY']._serialized_end=533
+  _globals['_SAVEDMEMORYOPTIONS']._serialized_start=536
+  _globals['_SAVEDMEMORYOPTIONS']._serialized_end=670
+  _globals['_KVFINGERPRINT']._serialized_start=673
+  _globals['_KVFINGERPRINT']._serialized_end=886
+  _globals['_SAVEDMESSAGE']._serialized_start=888
+  _globals['_SAVEDMESSAGE']._serialized_end=933
+  _globals['_SAVEDREPLY']._serialized_start=935
+  _globals['_SAVEDREPLY']._serialized_end=977
+  _globals['_SAVEDSESSION']._serialized_start=980
+  _globals['_SAVEDSESSION']._serialized_end=1231
+  _globals['_SAVEDKV']._serialized_start=1233
+  _globals['_SAVEDKV']._serialized_end=1273
 # @@protoc_insertion_point(module_scope)

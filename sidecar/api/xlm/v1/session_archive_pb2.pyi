@@ -7,18 +7,66 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class SessionArchive(_message.Message):
-    __slots__ = ("format_version", "created_unix_ms", "daemon_version", "fingerprint", "sessions")
+    __slots__ = ("format_version", "created_unix_ms", "daemon_version", "fingerprint", "sessions", "memories", "memory_embedder", "memory_options")
     FORMAT_VERSION_FIELD_NUMBER: _ClassVar[int]
     CREATED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     DAEMON_VERSION_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    MEMORIES_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_EMBEDDER_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_OPTIONS_FIELD_NUMBER: _ClassVar[int]
     format_version: int
     created_unix_ms: int
     daemon_version: str
     fingerprint: KvFingerprint
     sessions: _containers.RepeatedCompositeFieldContainer[SavedSession]
-    def __init__(self, format_version: _Optional[int] = ..., created_unix_ms: _Optional[int] = ..., daemon_version: _Optional[str] = ..., fingerprint: _Optional[_Union[KvFingerprint, _Mapping]] = ..., sessions: _Optional[_Iterable[_Union[SavedSession, _Mapping]]] = ...) -> None: ...
+    memories: _containers.RepeatedCompositeFieldContainer[SavedMemory]
+    memory_embedder: str
+    memory_options: _containers.RepeatedCompositeFieldContainer[SavedMemoryOptions]
+    def __init__(self, format_version: _Optional[int] = ..., created_unix_ms: _Optional[int] = ..., daemon_version: _Optional[str] = ..., fingerprint: _Optional[_Union[KvFingerprint, _Mapping]] = ..., sessions: _Optional[_Iterable[_Union[SavedSession, _Mapping]]] = ..., memories: _Optional[_Iterable[_Union[SavedMemory, _Mapping]]] = ..., memory_embedder: _Optional[str] = ..., memory_options: _Optional[_Iterable[_Union[SavedMemoryOptions, _Mapping]]] = ...) -> None: ...
+
+class SavedMemory(_message.Message):
+    __slots__ = ("scope", "text", "tags", "created_unix_ms", "source", "session_id", "turn", "uses", "last_used_unix_ms", "vector")
+    SCOPE_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    TAGS_FIELD_NUMBER: _ClassVar[int]
+    CREATED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    TURN_FIELD_NUMBER: _ClassVar[int]
+    USES_FIELD_NUMBER: _ClassVar[int]
+    LAST_USED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    VECTOR_FIELD_NUMBER: _ClassVar[int]
+    scope: str
+    text: str
+    tags: _containers.RepeatedScalarFieldContainer[str]
+    created_unix_ms: int
+    source: str
+    session_id: str
+    turn: int
+    uses: int
+    last_used_unix_ms: int
+    vector: bytes
+    def __init__(self, scope: _Optional[str] = ..., text: _Optional[str] = ..., tags: _Optional[_Iterable[str]] = ..., created_unix_ms: _Optional[int] = ..., source: _Optional[str] = ..., session_id: _Optional[str] = ..., turn: _Optional[int] = ..., uses: _Optional[int] = ..., last_used_unix_ms: _Optional[int] = ..., vector: _Optional[bytes] = ...) -> None: ...
+
+class SavedMemoryOptions(_message.Message):
+    __slots__ = ("session_id", "scope", "read_scopes", "max_tokens", "k", "tags", "off")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    SCOPE_FIELD_NUMBER: _ClassVar[int]
+    READ_SCOPES_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    K_FIELD_NUMBER: _ClassVar[int]
+    TAGS_FIELD_NUMBER: _ClassVar[int]
+    OFF_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    scope: str
+    read_scopes: _containers.RepeatedScalarFieldContainer[str]
+    max_tokens: int
+    k: int
+    tags: _containers.RepeatedScalarFieldContainer[str]
+    off: bool
+    def __init__(self, session_id: _Optional[str] = ..., scope: _Optional[str] = ..., read_scopes: _Optional[_Iterable[str]] = ..., max_tokens: _Optional[int] = ..., k: _Optional[int] = ..., tags: _Optional[_Iterable[str]] = ..., off: _Optional[bool] = ...) -> None: ...
 
 class KvFingerprint(_message.Message):
     __slots__ = ("model_digest", "model_bytes", "model_name", "context_per_session", "kv_type_k", "kv_type_v", "prompt_layout_version", "llama_build", "layers")
