@@ -61,49 +61,68 @@ def _evening(client, pb, small: int) -> dict:
             "memories": len(texts), "questions": asked}
 
 
+def _seed(client, scope: str, size: int) -> None:
+    have = 0
+    while have < size:
+        batch = [f"Rumour {have + i}: {small_talk(1, seed=have + i)[0]}" for i in range(min(64, size - have))]
+        have += len(client.remember(batch, scope=scope))
+
+
 def _cost(client, pb, sizes: list[int], turns: int) -> dict:
+    """Per scope size: the recall itself (the Recall call runs the same embedding and search on
+    the memory thread as a turn does), and a turn's time to first token with and without the
+    recalled block (fresh one-turn sessions alike but for it, alternating)."""
     results = {}
     for size in sizes:
         scope = f"lore-{size}"
-        have = 0
-        while have < size:
-            batch = [f"Rumour {have + i}: the {small_talk(1, seed=have + i)[0]}" for i in range(min(64, size - have))]
-            have += len(client.remember(batch, scope=scope))
-        on, off, extra = [], [], []
+        _seed(client, scope, size)
+        client.remember([f.told for f in FACTS], scope=scope)
+        searches, on, off, extra = [], [], [], []
         for i in range(turns):
             question = FACTS[i % len(FACTS)].asked
-            reads = pb.MemoryOptions(read_scopes=[scope], k=4)
-            # Fresh one-turn sessions: the same prompt both sides but for the recalled block.
+            t0 = time.perf_counter()
+            client.recall(question, [scope], k=4)
+            searches.append((time.perf_counter() - t0) * 1000)
             a = _say(client, pb, f"off-{size}-{i}", question, pb.MemoryOptions(off=True), SYSTEM)
-            b = _say(client, pb, f"on-{size}-{i}", question, reads, SYSTEM)
+            b = _say(client, pb, f"on-{size}-{i}", question, pb.MemoryOptions(read_scopes=[scope], k=4), SYSTEM)
             off.append(a.timings.time_to_first_token_ms)
             on.append(b.timings.time_to_first_token_ms)
             extra.append(b.usage.prompt_tokens - a.usage.prompt_tokens)
             client.end_session(f"off-{size}-{i}")
             client.end_session(f"on-{size}-{i}")
-        # The daemon's TTFT starts when the engine gets the job, after recall: time the whole
-        # call for the added wait too (client side, same machine).
-        t0 = time.perf_counter()
-        for i in range(turns):
-            _say(client, pb, f"w-{size}-{i}", FACTS[i % len(FACTS)].asked, pb.MemoryOptions(read_scopes=[scope]), SYSTEM)
-            client.end_session(f"w-{size}-{i}")
-        with_recall = (time.perf_counter() - t0) / turns * 1000
-        t0 = time.perf_counter()
-        for i in range(turns):
-            _say(client, pb, f"x-{size}-{i}", FACTS[i % len(FACTS)].asked, pb.MemoryOptions(off=True), SYSTEM)
-            client.end_session(f"x-{size}-{i}")
-        without = (time.perf_counter() - t0) / turns * 1000
         status = client.status()
         results[size] = {
+            "recall_ms_p50": statistics.median(searches), "recall_ms_p99": percentile(searches, 99),
             "ttft_on_p50": statistics.median(on), "ttft_on_p99": percentile(on, 99),
             "ttft_off_p50": statistics.median(off), "ttft_off_p99": percentile(off, 99),
-            "turn_ms_on": with_recall, "turn_ms_off": without,
-            "added_prompt_tokens_p50": statistics.median(extra),
+            "added_prompt_tokens_p50": statistics.median(extra), "added_prompt_tokens_max": max(extra),
             "store_bytes": status.memories.bytes, "model_bytes": status.memories.model_bytes,
             "resident_bytes": status.memory.host_resident_bytes,
         }
         client.forget(scope=scope)
     return results
+
+
+def _crowd(daemon, pb, npcs: int, turns: int, memory: bool) -> float:
+    """Aggregate tokens/s of `npcs` sessions talking at once, each reading a scope of 1,000."""
+    import threading
+
+    tokens = [0] * npcs
+
+    def npc(i: int) -> None:
+        with daemon.client(timeout_s=600) as c:
+            options = pb.MemoryOptions(read_scopes=["crowd"]) if memory else pb.MemoryOptions(off=True)
+            for t in range(turns):
+                final = _say(c, pb, f"npc{i}-{memory}", FACTS[(i + t) % len(FACTS)].asked, options,
+                             SYSTEM if t == 0 else "")
+                tokens[i] += final.usage.completion_tokens
+    started = time.perf_counter()
+    threads = [threading.Thread(target=npc, args=(i,)) for i in range(npcs)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    return sum(tokens) / (time.perf_counter() - started)
 
 
 def scenario(args: argparse.Namespace) -> dict:
@@ -125,6 +144,15 @@ def scenario(args: argparse.Namespace) -> dict:
                 out["retrieval"][name] = _evening(client, pb, small)
                 if name == "all-MiniLM-L6-v2":
                     out["cost"] = _cost(client, pb, sizes, turns)
+                    _seed(client, "crowd", 1000)
+                    client.remember([f.told for f in FACTS], scope="crowd")
+                    npcs = 4 if args.quick else 16
+                    rates = {"off": [], "on": []}
+                    for _ in range(2):  # alternating, so drift on a shared machine hits both
+                        rates["off"].append(_crowd(daemon, pb, npcs, 3, memory=False))
+                        rates["on"].append(_crowd(daemon, pb, npcs, 3, memory=True))
+                    out["crowd"] = {"npcs": npcs, "tokens_per_s_off": statistics.median(rates["off"]),
+                                    "tokens_per_s_on": statistics.median(rates["on"])}
         finally:
             stop_daemon(daemon)
     _print(out)
@@ -142,9 +170,13 @@ def _print(out: dict) -> None:
     for name, r in out["retrieval"].items():
         extra = f"  ({r['hits']}/{r['facts']}, {r['memories']} memories, {r['turns_dropped']} turns dropped)" if "hits" in r else ""
         print(f"  {name:18} {r['recall'] * 100:5.0f}%{extra}")
-    print("cost per turn (the daemon's time to first token, ms; whole call ms client side)")
-    print("  memories   ttft on p50/p99    ttft off p50/p99   call on/off   +prompt tok  store MB  model MB  RSS MB")
+    print("cost per turn: recall (embed + search, ms), time to first token with the block and without (ms)")
+    print("  memories  recall p50/p99   ttft on p50/p99    ttft off p50/p99   +prompt tok p50/max  store MB  model MB  RSS MB")
     for size, c in out["cost"].items():
-        print(f"  {size:8}   {c['ttft_on_p50']:7.1f}/{c['ttft_on_p99']:7.1f}   {c['ttft_off_p50']:7.1f}/{c['ttft_off_p99']:7.1f}"
-              f"   {c['turn_ms_on']:6.0f}/{c['turn_ms_off']:<6.0f}  {c['added_prompt_tokens_p50']:8.0f}"
-              f"   {c['store_bytes'] / 2**20:7.1f}  {c['model_bytes'] / 2**20:7.1f}  {c['resident_bytes'] / 2**20:6.0f}")
+        print(f"  {size:8}  {c['recall_ms_p50']:6.1f}/{c['recall_ms_p99']:6.1f}   {c['ttft_on_p50']:7.1f}/{c['ttft_on_p99']:7.1f}"
+              f"   {c['ttft_off_p50']:7.1f}/{c['ttft_off_p99']:7.1f}   {c['added_prompt_tokens_p50']:8.0f}/{c['added_prompt_tokens_max']:<6.0f}"
+              f"     {c['store_bytes'] / 2**20:7.1f}  {c['model_bytes'] / 2**20:7.1f}  {c['resident_bytes'] / 2**20:6.0f}")
+    if "crowd" in out:
+        c = out["crowd"]
+        print(f"{c['npcs']} NPCs at once, 3 turns each, reading a scope of 1,000: {c['tokens_per_s_on']:.1f} tokens/s with "
+              f"memory, {c['tokens_per_s_off']:.1f} without: {c['tokens_per_s_on'] / c['tokens_per_s_off']:.2f}x")

@@ -65,6 +65,7 @@ def test_a_later_question_recalls_the_fact_into_the_prompt(daemon, evening) -> N
     with daemon.client(timeout_s=120) as c:
         plain = turn(c, "smith/p1", question, memory=pb.MemoryOptions(off=True))
         recalled = turn(c, "smith/p1", question, memory=pb.MemoryOptions(k=4, max_tokens=80))
+        again = turn(c, "smith/p1", question)  # the options held; the fact is in the context now
         # The prompt itself: two new sessions alike but for recall, reading the smith's scope.
         reads = pb.MemoryOptions(read_scopes=["smith/p1"], k=1, max_tokens=80)
         without = turn(c, "probe/a", question, system="You are Brom.", memory=pb.MemoryOptions(off=True))
@@ -72,6 +73,9 @@ def test_a_later_question_recalls_the_fact_into_the_prompt(daemon, evening) -> N
         fact_tokens = len(c.tokenize(fact.text))
     assert list(plain.memories_used) == []
     assert fact.id in recalled.memories_used
+    # Told once, the memory stays in the conversation (and its KV cache): not told twice.
+    assert fact.id not in again.memories_used
+    assert again.history_turns_dropped or again.usage.cached_prompt_tokens >= recalled.usage.prompt_tokens
     assert list(with_fact.memories_used) == [fact.id]
     # The block (a header, the fact's text, a chat template's system turn) and nothing else.
     assert fact_tokens < with_fact.usage.prompt_tokens - without.usage.prompt_tokens < fact_tokens + 40

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sidecar.backend.prompt_layout import memory_position, new_turn
+from sidecar.backend.prompt_layout import RECALLED, new_turn, untold
 from sidecar.backend.requests import Prompt
 from sidecar.errors import InvalidArgument
 from sidecar.memory import recall
@@ -87,19 +87,25 @@ def test_choose_keeps_to_the_budget_and_the_score_floor() -> None:
     found = [(None, 0.9, "a" * 300), (None, 0.8, "b" * 30), (None, 0.5, "c" * 30), (None, 0.1, "d")]
     assert recall.choose(found, budget_tokens=45) == [1, 2]  # the long one does not fit; d scores too low
     assert recall.choose(found, budget_tokens=1000) == [0, 1, 2]
-    assert recall.block([]) == ""
 
 
 def test_memories_sit_after_the_persona_and_history_before_the_new_turn() -> None:
     history = [("system", "World. You are Brom."), ("user", "hi"), ("assistant", "hello")]
-    p = Prompt(messages=(("user", "my sister?"),), memories="Things you remember: Mira")
+    p = Prompt(messages=(("user", "my sister?"),), memories=("Mira is her name",))
     later = history + new_turn(p, history)
-    assert later[3] == ("system", "Things you remember: Mira") and later[4] == ("user", "my sister?")
-    assert memory_position(later, len(history), p.memories) == 3
+    assert later[3] == ("system", RECALLED + "\n- Mira is her name") and later[4] == ("user", "my sister?")
     first = new_turn(Prompt(messages=(("system", "You are Brom."), ("user", "hi")), context="World.",
-                            memories="M"), [])
-    assert first == [("system", "World.\n\nYou are Brom."), ("system", "M"), ("user", "hi")]
-    assert memory_position(history, 0, "") == -1
+                            memories=("M",)), [])
+    assert first == [("system", "World.\n\nYou are Brom."), ("system", RECALLED + "\n- M"), ("user", "hi")]
+
+
+def test_a_memory_the_conversation_holds_is_not_told_again() -> None:
+    history = [("system", "You are Brom."), ("system", RECALLED + "\n- Mira is her name"), ("user", "hi"),
+               ("assistant", "hello")]
+    assert untold(("Mira is her name", "The mill burned"), history) == (1,)
+    assert new_turn(Prompt(messages=(("user", "q"),), memories=("Mira is her name",)), history) == [("user", "q")]
+    # Once the turn that told it has left the context, it is told again.
+    assert untold(("Mira is her name",), history[2:]) == (0,)
 
 
 @pytest.mark.parametrize("text", ["", "   ", "a\x00b", "\x1b[2J", "x" * 5000])

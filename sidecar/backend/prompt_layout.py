@@ -53,11 +53,34 @@ def with_tool_instructions(instructions: str, messages: list[tuple[str, str]]) -
     return _in_system_message(instructions, messages, first=False)
 
 
+# How recalled memories open their message, and each one's line in it.
+RECALLED = "Things you remember from earlier conversations:"
+
+
+def memory_line(text: str) -> str:
+    return "- " + text.replace("\n", " / ")
+
+
+def untold(memories: tuple[str, ...], history: list[tuple[str, str]]) -> tuple[int, ...]:
+    """Indices of `memories` that no recalled-memories message of `history` holds yet: a memory
+    told on an earlier turn is still in the conversation (and its KV cache) until that turn
+    leaves the context, and is not told twice."""
+    held = "\n".join(content for role, content in history if role == "system" and content.startswith(RECALLED))
+    return tuple(i for i, text in enumerate(memories) if memory_line(text) not in held)
+
+
+def recalled_message(memories: tuple[str, ...], history: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The system message telling the memories the conversation does not hold yet ([] if none)."""
+    lines = [memory_line(memories[i]) for i in untold(memories, history)]
+    return [("system", RECALLED + "\n" + "\n".join(lines))] if lines else []
+
+
 def new_turn(prompt: Prompt, history: list[tuple[str, str]]) -> list[tuple[str, str]]:
     """The messages `prompt` adds after a conversation's `history` ([] for a new one): the
-    recalled memories, when there are any, just before the turn's own messages."""
+    recalled memories it does not hold yet, when there are any, just before the turn's own
+    messages. They stay in the history with the turn (cached; dropped with it)."""
     messages = list(prompt.messages or ())
-    recalled = [("system", prompt.memories)] if prompt.memories else []
+    recalled = recalled_message(prompt.memories, history)
     if not history:
         opening = with_tool_instructions(prompt.tool_instructions, with_context(prompt.context, messages))
         # A new conversation opens with its system message (world, persona, tools): the
@@ -68,17 +91,6 @@ def new_turn(prompt: Prompt, history: list[tuple[str, str]]) -> list[tuple[str, 
             role == "system" and prompt.tool_instructions in content for role, content in history):
         return [("system", prompt.tool_instructions)] + recalled + messages
     return recalled + messages
-
-
-def memory_position(conversation: list[tuple[str, str]], first_new: int, memories: str) -> int:
-    """Where the recalled memories' message sits in `conversation` (among the new turn's
-    messages, from `first_new`), or -1."""
-    if not memories:
-        return -1
-    for i in range(first_new, len(conversation)):
-        if conversation[i] == ("system", memories):
-            return i
-    return -1
 
 
 def context_tokens(render_chat: RenderChat, tokenize: Tokenize, prompt: Prompt) -> list[int]:

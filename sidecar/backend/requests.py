@@ -46,10 +46,10 @@ class Prompt:
     # The functions the reply may call, described for the model (sidecar.service.tool_calls); a
     # session is told them once, and again only when they change (prompt_layout.new_turn).
     tool_instructions: str = ""
-    # What the NPC recalls for this turn (sidecar/memory/recall.py), told in a system message just
-    # before the new turn: after the world prefix, the persona and the recent turns, which all stay
-    # cached, and kept out of the session's history (the next turn recalls again).
-    memories: str = ""
+    # What the NPC recalls for this turn, best first (sidecar/service/memories.py): those the
+    # conversation does not hold yet are told in a system message just before the new turn
+    # (prompt_layout.new_turn).
+    memories: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if (self.messages is None) == (self.text is None):
@@ -188,6 +188,9 @@ class Finished:
     # its first turn): what becomes the session's memories (sidecar/service/memories.py).
     dropped_messages: tuple[tuple[str, str], ...] = ()
     first_dropped_turn: int = 0
+    # Which of the prompt's memories this turn told (indices into Prompt.memories): those its
+    # conversation did not already hold.
+    memories_told: tuple[int, ...] = ()
 
 
 Event = Union[TextDelta, Finished, SidecarError]

@@ -39,6 +39,7 @@ def finished(a: ActiveRequest, reason: FinishReason, ended: float) -> Finished:
         image=a.image_report,
         history_turns_dropped=a.built.trim.turns if a.built is not None else 0,
         history_tokens_kept=a.built.kept_history_tokens if a.built is not None else 0,
+        memories_told=a.built.memories_told if a.built is not None else (),
         **_dropped(a),
     )
 

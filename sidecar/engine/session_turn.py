@@ -23,8 +23,7 @@ def remember_turn(session: Session, a: ActiveRequest, reply: str, cached: list[i
     remember_sent(session, a.job.resent, reply)
     session.version += 1  # a decision taken against the old history is stale now
     if a.job.spec.prompt.is_chat:
-        kept = a.built.kept_conversation() if a.built is not None else a.conversation
-        session.messages = kept + [("assistant", reply)]
+        session.messages = a.conversation + [("assistant", reply)]
         reply_tokens.remember(session.reply_tokens, reply, cached[len(a.prompt_tokens):],
                               model.piece, model.tokenize, session.messages)
     else:

@@ -9,17 +9,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sidecar.backend.prompt_layout import RECALLED
+
 # How a memory of a dropped turn reads (the model sees it again in the recalled block).
 PLAYER = "The player said: "
 REPLY = "You answered: "
 # A reply longer than this is cut in its memory: the player's words carry what is remembered,
 # and a long reply would spend the whole memory budget on one turn.
-MAX_REPLY_CHARS = 280
+MAX_REPLY_CHARS = 160
 # Memories scoring below this are not told, whatever room is left: an unrelated memory in the
 # prompt costs tokens and invites the model to bring it up. (Cosine of all-MiniLM-L6-v2; the
 # word vectors' scale is similar: unrelated lines score about 0.0-0.15 on both.)
 MIN_SCORE = 0.2
-HEADER = "Things you remember from earlier conversations:"
 # Bytes per token assumed to keep the block within its budget without tokenizing on this thread
 # (English BPE averages about 4; 3 leaves a margin). The context trim still has the last word.
 BYTES_PER_TOKEN = 3
@@ -29,6 +30,10 @@ BYTES_PER_TOKEN = 3
 class TurnMemory:
     text: str
     turn: int  # the session's user turn it was (1 = the first)
+    # What it is found by: the player's own words. The reply is told with them, but a small
+    # model's reply blurs the vector away from what the player said and will ask about again
+    # (bench/run.py memory: 17 of 20 facts found with replies in the vector).
+    said: str = ""
 
 
 def turn_memories(messages: tuple[tuple[str, str], ...], first_turn: int) -> list[TurnMemory]:
@@ -36,20 +41,22 @@ def turn_memories(messages: tuple[tuple[str, str], ...], first_turn: int) -> lis
     system messages (tool lists told mid-conversation) are not memories."""
     found: list[TurnMemory] = []
     lines: list[str] = []
+    said = ""
     turn = first_turn - 1
     for role, content in messages:
         if role == "user":
             if lines:
-                found.append(TurnMemory("\n".join(lines), max(turn, first_turn)))
+                found.append(TurnMemory("\n".join(lines), max(turn, first_turn), said))
             turn += 1
-            lines = [PLAYER + content.strip()]
+            said = content.strip()
+            lines = [PLAYER + said]
         elif role == "assistant":
             reply = content.strip()
             if len(reply) > MAX_REPLY_CHARS:
                 reply = reply[:MAX_REPLY_CHARS].rsplit(" ", 1)[0] + " ..."
             lines.append(REPLY + reply)
     if lines:
-        found.append(TurnMemory("\n".join(lines), max(turn, first_turn)))
+        found.append(TurnMemory("\n".join(lines), max(turn, first_turn), said))
     return found
 
 
@@ -61,7 +68,7 @@ def choose(found: list[tuple[object, float, str]], budget_tokens: int, min_score
     """Indices into `found` ((memory, score, text), best first) that are told: scoring at least
     `min_score`, while the block stays within `budget_tokens`."""
     chosen: list[int] = []
-    used = estimated_tokens(HEADER)
+    used = estimated_tokens(RECALLED)
     for i, (_, score, text) in enumerate(found):
         if score < min_score:
             break
@@ -71,10 +78,3 @@ def choose(found: list[tuple[object, float, str]], budget_tokens: int, min_score
         chosen.append(i)
         used += cost
     return chosen
-
-
-def block(texts: list[str]) -> str:
-    """The system message that tells the recalled memories, oldest knowledge first as given."""
-    if not texts:
-        return ""
-    return HEADER + "\n" + "\n".join("- " + t.replace("\n", " / ") for t in texts)

@@ -215,7 +215,7 @@ class SidecarService:
                 if isinstance(end, Finished):
                     added = await self.memories.keep_dropped(remembers, end)
                     chunk = convert.chunk_from_finished(end)
-                    stamp(chunk.final, used or [], added)
+                    stamp(chunk.final, end.memories_told, used or [], added)
                     if added:  # the "context full" signal, for a game watching the daemon
                         self.state.publish(reason="context_full",
                                            memories_added=added_event(end.session_id, remembers.scope, added))

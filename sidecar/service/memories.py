@@ -12,6 +12,7 @@ hundreds of milliseconds anyway, so a late memory costs less than a stalled NPC.
 from __future__ import annotations
 
 import asyncio
+import time
 import unicodedata
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -224,6 +225,7 @@ class Memories:
             return spec, []
         budget = options.max_tokens or (context_tokens or 4096) // BUDGET_SHARE
         self.recalls += 1
+        started = time.perf_counter()
         try:
             found = await asyncio.wait_for(self._on_thread(self._search, options, _query(spec)), RECALL_WAIT_S)
         except asyncio.TimeoutError:
@@ -231,10 +233,12 @@ class Memories:
             log.info("memories late; the turn goes without them", session_id=spec.session_id)
             return spec, []
         chosen = [found[i][0] for i in recall.choose([(m, s, m.text) for m, s in found], budget)]
+        log.debug("recalled", session_id=spec.session_id, ms=round((time.perf_counter() - started) * 1000, 1),
+                  found=len(found), told=len(chosen))
         if not chosen:
             return spec, []
         store.mark_used(chosen)
-        prompt = replace(spec.prompt, memories=recall.block([m.text for m in chosen]))
+        prompt = replace(spec.prompt, memories=tuple(m.text for m in chosen))
         return replace(spec, prompt=prompt), chosen
 
     def _search(self, options: SessionMemory, query: str) -> list[tuple[Memory, float]]:
@@ -253,7 +257,7 @@ class Memories:
         if not turns:
             return []
         texts = [t.text for t in turns]
-        vectors = await self._on_thread(self._embed, texts)
+        vectors = await self._on_thread(self._embed, [t.said or t.text for t in turns])
         added = self.store.add(options.scope, texts, vectors, source="context", session_id=finished.session_id,
                                turns=[t.turn for t in turns])
         log.info("context full: turns became memories", session_id=finished.session_id, scope=options.scope,
@@ -346,7 +350,9 @@ def added_event(session_id: str, scope: str, added: list[Memory]) -> pb.Memories
     return pb.MemoriesAdded(session_id=session_id, scope=scope, memory_ids=[m.id for m in added])
 
 
-def stamp(final: pb.GenerationFinal, used: list[Memory], added: list[Memory]) -> None:
-    final.memories_used.extend(m.id for m in used)
+def stamp(final: pb.GenerationFinal, told: tuple[int, ...], recalled: list[Memory], added: list[Memory]) -> None:
+    """The final chunk's memory ids: those the turn told (of those recalled, the ones its
+    conversation did not hold yet), and those its dropped turns became."""
+    final.memories_used.extend(recalled[i].id for i in told if i < len(recalled))
     final.memories_added.extend(m.id for m in added)
 

@@ -22,7 +22,7 @@ from sidecar.backend.chat_segments import (
 )
 from sidecar.engine.prompts import reply_tokens
 from sidecar.engine.prompts.history_trim import NO_TRIM, Trim, plan_trim
-from sidecar.backend.prompt_layout import memory_position, new_turn
+from sidecar.backend.prompt_layout import new_turn, untold
 from sidecar.backend.requests import IMAGE_MARKER, GenerationSpec
 from sidecar.backend.sessions import Session
 from sidecar.errors import ContextLengthExceeded, InvalidArgument, ResourceExhausted
@@ -44,17 +44,10 @@ class BuiltPrompt:
     dropped_tokens: tuple[int, int] = (0, 0)
     kept_history_tokens: int = 0
     history: list[tuple[str, str]] = field(default_factory=list)
-    # Where the recalled memories' message is in `conversation` (-1: none): the session's history
-    # keeps the turn without it.
-    memory_at: int = -1
     # The messages the trim dropped (what becomes the session's memories).
     dropped: tuple[tuple[str, str], ...] = ()
-
-    def kept_conversation(self) -> list[tuple[str, str]]:
-        """`conversation` as the session's history keeps it: without the recalled memories."""
-        if self.memory_at < 0:
-            return self.conversation
-        return self.conversation[:self.memory_at] + self.conversation[self.memory_at + 1:]
+    # Which of the prompt's memories it tells (prompt_layout.untold).
+    memories_told: tuple[int, ...] = ()
 
 
 def context_room(n_ctx: int, max_tokens: int) -> int:
@@ -81,7 +74,8 @@ def build_prompt(model, spec: GenerationSpec, session: Session | None, images: l
     tok = tokenize_segments(tokenize, segments, images)
     if session is None:
         _check_request(len(tok.tokens), max_prompt_tokens)
-        return BuiltPrompt(conversation, segments_text(segments), tok.tokens, tok.spans)
+        return BuiltPrompt(conversation, segments_text(segments), tok.tokens, tok.spans,
+                           memories_told=untold(p.memories, history))
     costs = message_costs(segments, tok.counts, len(conversation))
     first_new = len(history)
     _check_request(sum(costs[first_new:]), max_prompt_tokens, "this turn")
@@ -89,7 +83,7 @@ def build_prompt(model, spec: GenerationSpec, session: Session | None, images: l
     trim = plan_trim(conversation, costs, first_new, len(tok.tokens), room)
     if trim is NO_TRIM:
         return BuiltPrompt(conversation, "", tok.tokens, tok.spans, kept_history_tokens=sum(costs[:first_new]), history=history,
-                           memory_at=memory_position(conversation, first_new, p.memories))
+                           memories_told=untold(p.memories, history))
     offsets = message_offsets(segments, tok.counts, len(conversation))
     dropped = (offsets[trim.start], offsets[trim.stop])
     images_dropped = sum(m.count(IMAGE_MARKER) for _, m in conversation[trim.start:trim.stop])
@@ -117,8 +111,8 @@ def build_prompt(model, spec: GenerationSpec, session: Session | None, images: l
         trimmed, "", tok.tokens, tok.spans, trim, images_dropped, dropped,
         kept_history_tokens=sum(message_costs(segments, tok.counts, len(trimmed))[: len(kept_history)]),
         history=kept_history,
-        memory_at=memory_position(trimmed, first_new - trim.dropped, p.memories),
         dropped=tuple(conversation[trim.start:trim.stop]),
+        memories_told=untold(p.memories, history),
     )
 
 
