@@ -159,3 +159,48 @@ def test_memories_travel_with_a_save(daemon) -> None:
         # The vectors came back usable: a search finds it.
         assert c.recall("which song did I sing?", ["bard"])[0].memory.id == bard[0].id
         assert c.list_memories("guard-only").total == 1  # not in the save, not touched
+
+
+def test_memory_over_http_with_the_openai_client(daemon) -> None:
+    import httpx
+    import openai
+
+    from openai_http_support import http_base
+
+    base = http_base(daemon)
+    headers = {"Authorization": f"Bearer {daemon.token}"} if daemon.token else {}
+    with httpx.Client(base_url=base, headers=headers, timeout=60) as http:
+        made = http.post("/v1/memories", json={"scope": "innkeeper", "texts": ["The player's room is number seven."]})
+        assert made.status_code == 200, made.text
+        memory_id = made.json()["memories"][0]["id"]
+        found = http.post("/v1/memories/search", json={"scopes": ["innkeeper"], "query": "which room is mine?"}).json()
+        assert found["memories"][0]["memory"]["id"] == memory_id
+        assert http.get("/v1/memories", params={"scope": "innkeeper"}).json()["total"] == 1
+        bad = http.post("/v1/memories", json={"scope": "innkeeper", "texts": ["\x00"]})
+        assert bad.status_code == 400 and "control" in bad.text
+        assert http.post("/v1/memories/search", json={"scopes": ["x"], "nonsense": 1}).status_code == 400
+    client = openai.OpenAI(base_url=base + "/v1", api_key=daemon.token or "none")
+    reply = client.chat.completions.create(
+        model="any", messages=[{"role": "user", "content": "Which room is mine?"}], max_tokens=4, temperature=0,
+        user="innkeeper/p1", extra_body={"memory": {"read_scopes": ["innkeeper"], "max_tokens": 80}})
+    assert reply.choices[0].message is not None
+    with httpx.Client(base_url=base, headers=headers, timeout=60) as http:
+        assert http.post("/v1/memories/forget", json={"scope": "innkeeper"}).json()["forgotten"] == 1
+        refused = http.post("/v1/chat/completions", json={
+            "messages": [{"role": "user", "content": "hi"}], "user": "x", "memory": {"k": 500}})
+        assert refused.status_code == 400
+
+
+def test_no_memory_refuses_memory_calls_and_keeps_nothing() -> None:
+    d = start_daemon(*ARGS, "--no-memory")
+    try:
+        with d.client(timeout_s=120) as c:
+            with pytest.raises(grpc.RpcError) as e:
+                c.remember(["x"], scope="s")
+            assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "--no-memory" in e.value.details()
+            finals = [turn(c, "npc", FILLER, system="You are Brom.") for _ in range(6)]
+            assert any(f.history_turns_dropped for f in finals)
+            assert not any(f.memories_added or f.memories_used for f in finals)
+            assert not c.status().memories.enabled
+    finally:
+        stop_daemon(d)

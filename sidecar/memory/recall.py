@@ -16,14 +16,15 @@ PLAYER = "The player said: "
 REPLY = "You answered: "
 # A reply longer than this is cut in its memory: the player's words carry what is remembered,
 # and a long reply would spend the whole memory budget on one turn.
-MAX_REPLY_CHARS = 160
+MAX_REPLY_CHARS = 120
 # Memories scoring below this are not told, whatever room is left: an unrelated memory in the
 # prompt costs tokens and invites the model to bring it up. (Cosine of all-MiniLM-L6-v2; the
 # word vectors' scale is similar: unrelated lines score about 0.0-0.15 on both.)
 MIN_SCORE = 0.2
 # Bytes per token assumed to keep the block within its budget without tokenizing on this thread
-# (English BPE averages about 4; 3 leaves a margin). The context trim still has the last word.
-BYTES_PER_TOKEN = 3
+# (English BPE averages about 4). The block may run a little over; the context trim still has the
+# last word on what fits.
+BYTES_PER_TOKEN = 4
 
 
 @dataclass(frozen=True)

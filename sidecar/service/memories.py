@@ -56,8 +56,10 @@ class MemorySettings:
     enabled: bool = True
     embedder: str = "auto"  # embedder.open_embedder's choice
     cache_dir: Path = Path(".")
-    max_per_scope: int = 2000
-    max_total: int = 20000
+    # 10,000 in a scope: an evening's turns of every player an NPC meets, and the largest scope
+    # the benchmark measures; 20,000 in all is about 40 MB with all-MiniLM-L6-v2's 384 floats.
+    max_per_scope: int = 10_000
+    max_total: int = 20_000
 
 
 @dataclass(frozen=True)

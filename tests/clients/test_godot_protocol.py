@@ -61,6 +61,11 @@ SHAPE_MESSAGES = {
     "ExportSessionsChunk": pb.ExportSessionsChunk,
     "ImportSessionsResponse": pb.ImportSessionsResponse,
     "SavedSessionInfo": pb.SavedSessionInfo,
+    "Memory": pb.Memory,
+    "RememberResponse": pb.RememberResponse,
+    "RecallResponse": pb.RecallResponse,
+    "ForgetResponse": pb.ForgetResponse,
+    "ListMemoriesResponse": pb.ListMemoriesResponse,
 }
 # Map fields of sent requests: their keys are data (token ids), not protocol names.
 MAP_FIELDS = {"logitBias"}

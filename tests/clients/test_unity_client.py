@@ -68,6 +68,8 @@ CORE_LIVE = [
     "no_daemon_is_unavailable",
     # Save games (SaveTests.cs): an NPC saved with and without its KV cache, loaded back.
     "an_npc_saves_and_loads_its_conversation",
+    # NPC memory (MemoryTests.cs): seed, search, a turn told the memory, list, forget.
+    "an_npc_recalls_what_the_game_seeded",
     # Token controls (TokenControlTests.cs): mechanisms on the tiny llama, over both transports.
     "candidates_each_end_with_their_own_final",
     "logprobs_come_with_each_token",
@@ -289,6 +291,16 @@ def test_the_readme_tool_call_example_compiles(build: Build, tmp_path: Path) -> 
                       " static async Task Act(NpcConversation guard) {\n" + example + "}\n}\n")
     _compile("-target:library", "-r:System.dll", "-r:System.Core.dll", f"-r:{build.core}", f"-r:{build.unity_stub}",
              f"-out:{tmp_path / 'Guard.dll'}", str(source))
+
+
+def test_the_readme_memory_example_compiles(build: Build, tmp_path: Path) -> None:
+    """The NPC-memory example in clients/unity/README.md (the C# block that calls RememberAsync)."""
+    example = _readme_example("RememberAsync")
+    source = tmp_path / "Miller.cs"
+    source.write_text("using System.Collections.Generic;\nusing System.Threading.Tasks;\nusing UnityEngine;\nusing Xlm.Sidecar;\n"
+                      "class Miller {\n static async Task Talk(SidecarClient client) {\n" + example + "}\n}\n")
+    _compile("-target:library", "-r:System.dll", "-r:System.Core.dll", f"-r:{build.core}", f"-r:{build.unity_stub}",
+             f"-out:{tmp_path / 'Miller.dll'}", str(source))
 
 
 def test_the_readme_token_controls_example_compiles(build: Build, tmp_path: Path) -> None:

@@ -165,6 +165,21 @@ func _run_step(
 			call = client.get_status()
 		"end_session":
 			call = client.end_session(args["session_id"])
+		"remember":
+			var texts: Array = args["texts"]
+			var tags: Array = args["tags"]
+			call = client.remember(args["scope"], PackedStringArray(texts), PackedStringArray(tags))
+		"recall":
+			var scopes: Array = args["scopes"]
+			call = client.recall(args["query"], PackedStringArray(scopes), int(args["k"]))
+		"list_memories":
+			call = client.list_memories(args["scope"], int(args["limit"]))
+		"forget":
+			var ids := PackedInt64Array()
+			for memory_id: Variant in args["ids"]:
+				ids.append(int(memory_id))
+			var tags: Array = args["tags"]
+			call = client.forget(ids, PackedStringArray(tags), args["scope"])
 		_:
 			return _check(where, false, "a step this test does not know")
 	if call != null:

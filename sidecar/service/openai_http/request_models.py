@@ -143,6 +143,18 @@ class NamedToolChoice(_Body):
 ToolChoice = Union[Literal["none", "auto", "required"], NamedToolChoice, None]
 
 
+class MemoryOptions(_Body):
+    """xlm.v1.MemoryOptions (an extension): what a session's turns remember and recall."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    scope: Annotated[str, Field(max_length=128)] = ""
+    read_scopes: Annotated[list[Annotated[str, Field(max_length=128)]], Field(max_length=16)] = Field(default_factory=list)
+    max_tokens: Annotated[int, Field(ge=0, le=1 << 20)] = 0
+    k: Annotated[int, Field(ge=0, le=32)] = 0
+    tags: Annotated[list[Annotated[str, Field(max_length=64)]], Field(max_length=16)] = Field(default_factory=list)
+    off: bool = False
+
+
 class _Sampling(_Body):
     """What both endpoints share."""
 
@@ -166,6 +178,8 @@ class _Sampling(_Body):
     user: Annotated[str, Field(max_length=MAX_SESSION_ID_LENGTH)] | None = Field(
         None, description="names the conversation's session (an NPC) unless the X-Session-Id header does"
     )
+    memory: MemoryOptions | None = Field(
+        None, description="NPC memory (an extension): the session's scope, the scopes it reads, its budget")
 
 
 class ChatCompletionRequest(_Sampling):

@@ -28,7 +28,7 @@ from sidecar.errors import NotFound
 from sidecar.service import candidates, convert
 from sidecar.service.auth import Authenticator
 from sidecar.service.core import SidecarService
-from sidecar.service.openai_http import model_routes, replies, session_routes, translate
+from sidecar.service.openai_http import memory_routes, model_routes, replies, session_routes, translate
 from sidecar.service.openai_http.cors import CorsPolicy
 from sidecar.service.openai_http.disconnect import ClientGone, EventStream, until_disconnected
 from sidecar.service.openai_http.errors import HttpRefusal, InvalidBody, error_response, too_large, unauthenticated
@@ -92,6 +92,11 @@ class OpenAIApi:
             Route("/sessions/export", self._guarded(lambda r: session_routes.export_sessions(self.core, r)), methods=["POST"]),
             Route("/sessions/import", self._guarded(lambda r: session_routes.import_sessions(self.core, r)), methods=["POST"]),
             Route("/sessions/{session_id:path}", self._guarded(self.end_session), methods=["DELETE"]),
+            # NPC memory (memory_routes.py).
+            Route("/memories", self._guarded(lambda r: memory_routes.remember(self.core, r)), methods=["POST"]),
+            Route("/memories", self._guarded(lambda r: memory_routes.listing(self.core, r)), methods=["GET"]),
+            Route("/memories/search", self._guarded(lambda r: memory_routes.search(self.core, r)), methods=["POST"]),
+            Route("/memories/forget", self._guarded(lambda r: memory_routes.forget(self.core, r)), methods=["POST"]),
             Route("/embeddings", self._guarded(self.embeddings), methods=["POST"]),
             # llama-server's: count tokens before sending, find a word's ids, read the context size.
             Route("/tokenize", self._guarded(self.tokenize), methods=["POST"]),

@@ -59,6 +59,14 @@ def session_id_of(header: str | None, body: _Sampling) -> str:
     return (header or body.user or "").strip()
 
 
+def _memory(body: _Sampling) -> pb.MemoryOptions | None:
+    m = body.memory
+    if m is None:
+        return None
+    return pb.MemoryOptions(scope=m.scope, read_scopes=m.read_scopes, max_tokens=m.max_tokens, k=m.k, tags=m.tags,
+                            off=m.off)
+
+
 def chat_request(body: ChatCompletionRequest, session_id: str, max_tokens_limit: int) -> Turn:
     if body.top_logprobs is not None and not body.logprobs:
         raise InvalidArgument("top_logprobs needs logprobs: true")
@@ -85,6 +93,7 @@ def chat_request(body: ChatCompletionRequest, session_id: str, max_tokens_limit:
         parallel_tool_calls=tools is not None and tools.parallel,
         n=body.n or 1,
         grammar=body.grammar or "",
+        memory=_memory(body),
     )
     if body.logprobs:
         request.logprobs = body.top_logprobs or 0
@@ -114,6 +123,7 @@ def completion_requests(body: CompletionRequest, session_id: str, max_tokens_lim
             max_tokens=max_tokens,
             stop=_stops(body.stop),
             session_id=session,
+            memory=_memory(body) if session else None,
             n=body.n or 1,
             grammar=body.grammar or "",
             json_schema=json.dumps(body.json_schema) if body.json_schema is not None else "",

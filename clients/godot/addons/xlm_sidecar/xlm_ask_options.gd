@@ -41,5 +41,10 @@ const Tool := preload("res://addons/xlm_sidecar/xlm_tool.gd")
 @export_multiline var grammar := ""
 ## Forget the session's history before this turn.
 @export var reset_session := false
+## NPC memory (with a session): the scopes each turn recalls from, e.g. the NPC's own
+## ("smith/p1") and what the village knows ("village"); empty: the session's own scope.
+@export var memory_read_scopes := PackedStringArray()
+## Where the session's turns go as memories when they leave its context; empty: the session id.
+@export var memory_scope := ""
 ## Give up after this many milliseconds (the call fails with DEADLINE_EXCEEDED); 0 = no limit.
 @export var timeout_ms := 0

@@ -162,6 +162,53 @@ func tokens() -> PackedInt32Array:
 ## Dictionary each, keyed by XlmProtocol's names: FIELD_SESSION_ID, FIELD_TOKENS, FIELD_KV_BYTES
 ## (an int), FIELD_RESTORED ("kv": its KV cache is back; "text": its conversation is computed
 ## again at its next line) and FIELD_REASON (why "text").
+## Remember, ListMemories: the memories, each a Dictionary of the proto's Memory (id as a
+## string: 64 bits; scope, text, tags, source, sessionId, turn, uses).
+func memories() -> Array[Dictionary]:
+	var found: Array[Dictionary] = []
+	for memory: Dictionary in Protocol.read_array(result, Protocol.FIELD_MEMORIES):
+		found.append(memory)
+	return found
+
+
+## Recall: the memories found, best first, each with its score (cosine, -1 to 1) under
+## XlmProtocol.FIELD_SCORE beside the memory's own fields.
+func recalled() -> Array[Dictionary]:
+	var found: Array[Dictionary] = []
+	for hit: Dictionary in Protocol.read_array(result, Protocol.FIELD_MEMORIES):
+		var memory := Protocol.read_dict(hit, Protocol.FIELD_MEMORY).duplicate()
+		memory[Protocol.FIELD_SCORE] = Protocol.read_float(hit, Protocol.FIELD_SCORE)
+		found.append(memory)
+	return found
+
+
+## Forget: how many memories went.
+func forgotten() -> int:
+	return Protocol.read_int(result, Protocol.FIELD_FORGOTTEN)
+
+
+## ListMemories: how many memories the scope holds (the page is memories()).
+func memories_total() -> int:
+	return Protocol.read_int(result, Protocol.FIELD_TOTAL)
+
+
+## A session's turn: the memories told to the model, and those its dropped turns became (the
+## "context full" signal), as ids.
+func memories_used() -> PackedInt64Array:
+	return _ids(Protocol.FIELD_MEMORIES_USED)
+
+
+func memories_added() -> PackedInt64Array:
+	return _ids(Protocol.FIELD_MEMORIES_ADDED)
+
+
+func _ids(field: String) -> PackedInt64Array:
+	var ids := PackedInt64Array()
+	for memory_id: Variant in Protocol.read_array(final_message, field):
+		ids.append(int(str(memory_id)))
+	return ids
+
+
 func saved_sessions() -> Array[Dictionary]:
 	var infos: Array[Dictionary] = []
 	for info: Dictionary in Protocol.read_array(result, Protocol.FIELD_SESSIONS):

@@ -35,6 +35,28 @@ const METHOD_DETOKENIZE := "Detokenize"
 const METHOD_REPORT_FRAMES := "ReportFrames"
 const METHOD_EXPORT_SESSIONS := "ExportSessions"
 const METHOD_IMPORT_SESSIONS := "ImportSessions"
+const METHOD_REMEMBER := "Remember"
+const METHOD_RECALL := "Recall"
+const METHOD_FORGET := "Forget"
+const METHOD_LIST_MEMORIES := "ListMemories"
+
+# NPC memory: requests, replies, a Memory's fields and a session's MemoryOptions.
+const FIELD_MEMORY := "memory"
+const FIELD_MEMORIES := "memories"
+const FIELD_SCOPE := "scope"
+const FIELD_READ_SCOPES := "readScopes"
+const FIELD_SCOPES := "scopes"
+const FIELD_TEXTS := "texts"
+const FIELD_TAGS := "tags"
+const FIELD_QUERY := "query"
+const FIELD_K := "k"
+const FIELD_IDS := "ids"
+const FIELD_SCORE := "score"
+const FIELD_FORGOTTEN := "forgotten"
+const FIELD_TOTAL := "total"
+const FIELD_LIMIT := "limit"
+const FIELD_MEMORIES_USED := "memoriesUsed"
+const FIELD_MEMORIES_ADDED := "memoriesAdded"
 
 # Request fields.
 const FIELD_MESSAGES := "messages"
@@ -239,6 +261,11 @@ static func generate_request(
 		request[FIELD_LOGPROBS] = options.logprobs
 	if not options.grammar.is_empty():
 		request[FIELD_GRAMMAR] = options.grammar
+	if not session_id.is_empty() and not options.memory_read_scopes.is_empty():
+		var memory := {FIELD_READ_SCOPES: Array(options.memory_read_scopes)}
+		if not options.memory_scope.is_empty():
+			memory[FIELD_SCOPE] = options.memory_scope
+		request[FIELD_MEMORY] = memory
 	return request
 
 
@@ -249,6 +276,49 @@ static func candidates_request(
 ) -> Dictionary:
 	var request := generate_request(text, system_prompt, "", options, world_context)
 	request[FIELD_N] = n
+	return request
+
+
+## NPC memory: memories added to `scope`, with tags to recall or forget them by.
+static func remember_request(
+	scope: String, texts: PackedStringArray, tags: PackedStringArray
+) -> Dictionary:
+	var request := {FIELD_SCOPE: scope, FIELD_TEXTS: Array(texts)}
+	if not tags.is_empty():
+		request[FIELD_TAGS] = Array(tags)
+	return request
+
+
+static func recall_request(query: String, scopes: PackedStringArray, k: int) -> Dictionary:
+	var request := {FIELD_QUERY: query, FIELD_SCOPES: Array(scopes)}
+	if k > 0:
+		request[FIELD_K] = k
+	return request
+
+
+## Memories by id (64-bit, so strings in JSON), by tags (within `scope`), or a whole scope.
+static func forget_request(
+	ids: PackedInt64Array, tags: PackedStringArray, scope: String
+) -> Dictionary:
+	var request := {}
+	if not ids.is_empty():
+		var names: Array = []
+		for memory_id in ids:
+			names.append(str(memory_id))
+		request[FIELD_IDS] = names
+	if not tags.is_empty():
+		request[FIELD_TAGS] = Array(tags)
+	if not scope.is_empty():
+		request[FIELD_SCOPE] = scope
+	return request
+
+
+static func list_memories_request(scope: String, limit: int) -> Dictionary:
+	var request := {}
+	if not scope.is_empty():
+		request[FIELD_SCOPE] = scope
+	if limit > 0:
+		request[FIELD_LIMIT] = limit
 	return request
 
 

@@ -365,6 +365,34 @@ func cancel(call_id: String) -> void:
 	_cancel_deadlines[call_id] = Time.get_ticks_msec() + CANCEL_CONFIRM_MS
 
 
+## NPC memory: adds memories to `scope` (what an NPC, a player's NPC or the whole village
+## knows); call.memories() once finished. Turns that leave a session's context become memories
+## by themselves, and each turn recalls the best of the scopes it reads (XlmAskOptions).
+func remember(scope: String, texts: PackedStringArray, tags := PackedStringArray()) -> Call:
+	var request := Protocol.remember_request(scope, texts, tags)
+	return _start_call(Protocol.METHOD_REMEMBER, "", request, 0)
+
+
+## The `k` memories of `scopes` closest to `query`, best first: call.recalled() once finished.
+func recall(query: String, scopes: PackedStringArray, k: int = 0) -> Call:
+	var request := Protocol.recall_request(query, scopes, k)
+	return _start_call(Protocol.METHOD_RECALL, "", request, 0)
+
+
+## Forgets memories by id, those carrying every tag (within `scope`), or a whole scope;
+## call.forgotten() once finished.
+func forget(ids := PackedInt64Array(), tags := PackedStringArray(), scope := "") -> Call:
+	var request := Protocol.forget_request(ids, tags, scope)
+	return _start_call(Protocol.METHOD_FORGET, "", request, 0)
+
+
+## A scope's memories (every scope when empty), oldest first: call.memories() and
+## call.memories_total() once finished.
+func list_memories(scope: String = "", limit: int = 0) -> Call:
+	var request := Protocol.list_memories_request(scope, limit)
+	return _start_call(Protocol.METHOD_LIST_MEMORIES, "", request, 0)
+
+
 ## Forgets an NPC's conversation and frees its memory in the daemon.
 func end_session(session_id: String) -> Call:
 	var request := Protocol.end_session_request(session_id)

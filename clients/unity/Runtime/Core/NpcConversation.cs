@@ -43,6 +43,8 @@ namespace Xlm.Sidecar
         /// <summary>Ask for each reply token's log probability with this many alternatives (0 to 20;
         /// GenerationResult.Logprobs); null: none.</summary>
         public uint? Logprobs { get; set; }
+        /// <summary>What this NPC remembers with (its scope, the scopes it reads); null: its own id's scope.</summary>
+        public MemoryOptions Memory { get; set; }
         public bool IsReplying { get { return Volatile.Read(ref replying) != 0; } }
 
         /// <summary>The player says `line`; `onText` gets the reply piece by piece (on the client's
@@ -223,6 +225,7 @@ namespace Xlm.Sidecar
                     ToolChoice = choice,
                     Grammar = grammar,
                     Logprobs = Logprobs,
+                    Memory = Memory,
                 };
                 Action<GenerateChunk> onChunk = null;
                 if (onText != null)

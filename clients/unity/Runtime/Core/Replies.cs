@@ -105,6 +105,10 @@ namespace Xlm.Sidecar
         public ImageInfo Image;
         /// <summary>The call the reply made, with FinishReason.ToolCall; null otherwise.</summary>
         public ToolCall ToolCall;
+        /// <summary>Sessions with memory: the memories told to the model this turn.</summary>
+        public List<ulong> MemoriesUsed;
+        /// <summary>Sessions with memory: what the turns that left the context became (the "context full" signal).</summary>
+        public List<ulong> MemoriesAdded;
 
         internal static GenerationFinal FromJson(JsonObject json)
         {
@@ -118,7 +122,18 @@ namespace Xlm.Sidecar
                 SessionId = json.GetString("sessionId"),
                 Image = ImageInfo.FromJson(json.GetObject("image")),
                 ToolCall = ToolCall.FromJson(json.GetObject("toolCall")),
+                MemoriesUsed = Ids(json.GetArray("memoriesUsed")),
+                MemoriesAdded = Ids(json.GetArray("memoriesAdded")),
             };
+        }
+
+        static List<ulong> Ids(List<object> items)
+        {
+            var ids = new List<ulong>();
+            if (items != null)
+                foreach (var item in items)
+                    ids.Add(System.Convert.ToUInt64(item, System.Globalization.CultureInfo.InvariantCulture));
+            return ids;
         }
 
         static FinishReason ParseFinishReason(string name)

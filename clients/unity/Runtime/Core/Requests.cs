@@ -114,6 +114,9 @@ namespace Xlm.Sidecar
         /// <summary>A GBNF grammar (llama.cpp's format, with a `root` rule) the reply is held to, e.g.
         /// <c>root ::= "Aye" | "Nay"</c>. Not with JsonSchema or Tools.</summary>
         public string Grammar;
+        /// <summary>With a session: what it remembers and recalls (null: the session's own scope and the
+        /// daemon's defaults; the last options a session was given hold for its later turns).</summary>
+        public MemoryOptions Memory;
 
         internal JsonObject ToJson()
         {
@@ -139,6 +142,7 @@ namespace Xlm.Sidecar
             if (ToolChoice != null) json["toolChoice"] = ToolChoice.Value;
             if (Logprobs.HasValue) json["logprobs"] = Logprobs.Value;
             if (!string.IsNullOrEmpty(Grammar)) json["grammar"] = Grammar;
+            if (Memory != null) json["memory"] = Memory.ToJson();
             return json;
         }
 

@@ -17,6 +17,7 @@ namespace Xlm.Sidecar.Tests
             TokenControlTests.Register();
             FrameTests.Register();
             SaveTests.Register();
+            MemoryTests.Register();
             LauncherTests.Register();
             return TestRunner.Run(args);
         }
