@@ -190,6 +190,10 @@ def _every_call(stub: rpc.SidecarStub, **kwargs) -> dict[str, grpc.StatusCode]:
         "ReportFrames": lambda: stub.ReportFrames(pb.FrameReport(frames=1, window_ms=16.7), **kwargs),
         "ExportSessions": lambda: list(stub.ExportSessions(pb.ExportSessionsRequest(), **kwargs)),
         "ImportSessions": lambda: stub.ImportSessions(pb.ImportSessionsRequest(archive=b"XLMSAVE"), **kwargs),
+        "Remember": lambda: stub.Remember(pb.RememberRequest(scope="s", texts=["a secret"]), **kwargs),
+        "Recall": lambda: stub.Recall(pb.RecallRequest(scopes=["s"], query="secret"), **kwargs),
+        "Forget": lambda: stub.Forget(pb.ForgetRequest(scope="s"), **kwargs),
+        "ListMemories": lambda: stub.ListMemories(pb.ListMemoriesRequest(), **kwargs),
     }
     codes = {}
     for name, call in calls.items():

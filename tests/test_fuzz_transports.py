@@ -207,6 +207,18 @@ calls = st.one_of(
         "archive": st.builds(lambda head, tail: base64.b64encode(head + tail).decode(),
                              st.sampled_from([b"", b"XLMSAVE\x00", b"XLMSAVE\x00\x01\x00\x00\x00"]), st.binary(max_size=120)),
         "replace": st.booleans(), "uploadId": st.sampled_from(["", "u1", "u" * 65]), "more": st.booleans()})),
+    # NPC memory: player text is untrusted (control characters, huge, empty), scopes and tags too.
+    st.tuples(st.just("Remember"), st.fixed_dictionaries({}, optional={
+        "scope": st.text(max_size=140), "sessionId": session_ids, "texts": st.lists(st.text(max_size=80), max_size=3),
+        "tags": st.lists(st.text(max_size=10), max_size=3)})),
+    st.tuples(st.just("Recall"), st.fixed_dictionaries({}, optional={
+        "scopes": st.lists(st.text(max_size=20), max_size=3), "query": st.text(max_size=80),
+        "k": st.integers(0, 2**32 - 1), "tags": st.lists(st.text(max_size=10), max_size=2)})),
+    st.tuples(st.just("Forget"), st.fixed_dictionaries({}, optional={
+        "ids": st.lists(st.integers(0, 2**64 - 1).map(str), max_size=3), "tags": st.lists(st.text(max_size=10), max_size=2),
+        "scope": st.text(max_size=20)})),
+    st.tuples(st.just("ListMemories"), st.fixed_dictionaries({}, optional={
+        "scope": st.text(max_size=20), "offset": st.integers(0, 2**32 - 1), "limit": st.integers(0, 2**32 - 1)})),
 )
 STREAMING = {"Generate", "AskImage", "WatchState", "ExportSessions"}
 
@@ -250,7 +262,8 @@ def test_grpc_survives_fuzzed_requests(fuzzed: RunningDaemon, call: tuple[str, d
 @settings(FUZZ, max_examples=120)
 # Not SetBudget: bytes that happen to decode could be a valid budget and re-plan the live daemon.
 @given(method=st.sampled_from(["Generate", "GetStatus", "EndSession", "AskImage", "Embed", "Tokenize", "Detokenize",
-                               "ReportFrames", "ExportSessions", "ImportSessions"]),
+                               "ReportFrames", "ExportSessions", "ImportSessions", "Remember", "Recall", "Forget",
+                               "ListMemories"]),
        payload=st.binary(max_size=300))
 def test_grpc_survives_undecodable_bytes(fuzzed: RunningDaemon, method: str, payload: bytes) -> None:
     from sidecar.service.calls import CALLS
