@@ -22,7 +22,6 @@ import structlog
 
 from sidecar import __version__
 from sidecar.engine import Engine
-from sidecar.errors import SidecarError
 from sidecar.default_model import default_model_path
 from sidecar.native.model import check_gguf_file
 from sidecar.executor import (
@@ -66,7 +65,6 @@ async def serve_local(settings: Settings, lifecycle: DaemonLifecycle, ready: asy
     engine: Engine | None = None
     refresh: ProfileRefresh | None = None
     guard_task: asyncio.Task | None = None
-    memory_start: asyncio.Task | None = None
     try:
         loading = asyncio.ensure_future(_load(settings, budget, service))
         stopped = asyncio.ensure_future(lifecycle.stop.wait())
@@ -80,7 +78,7 @@ async def serve_local(settings: Settings, lifecycle: DaemonLifecycle, ready: asy
         stopped.cancel()
         engine, config, inputs, projector = loading.result()
         service.attach_backend(engine)
-        memory_start = _start_memory(settings, service)
+        _start_memory(settings, service)
         inputs_holder = [inputs]  # the background profile swaps in better inputs (ProfileRefresh)
         service.budget_control = BudgetControl(
             engine, budget,
@@ -111,8 +109,6 @@ async def serve_local(settings: Settings, lifecycle: DaemonLifecycle, ready: asy
         await lifecycle.stop.wait()
         log.info("stopping", grace_s=lifecycle.grace_s, reason=lifecycle.stop_reason)
     finally:
-        if memory_start is not None:
-            memory_start.cancel()
         if guard_task is not None:
             guard_task.cancel()
         if refresh is not None:
@@ -128,19 +124,11 @@ async def serve_local(settings: Settings, lifecycle: DaemonLifecycle, ready: asy
         log.info("stopped")
 
 
-def _start_memory(settings: Settings, service: SidecarService) -> asyncio.Task:
-    """NPC memory, its embedding model loaded on the memory thread while the daemon serves: a turn
-    before it is ready recalls nothing, and its dropped turns are not kept."""
+def _start_memory(settings: Settings, service: SidecarService) -> None:
+    """NPC memory; its embedding model loads on the memory thread at first use (memories.py)."""
     service.memories = Memories(MemorySettings(
         enabled=settings.memory, embedder=settings.embedding_model,
         cache_dir=Path(platformdirs.user_cache_dir("xlm-sidecar")) / "embedding-models"))
-
-    async def start() -> None:
-        try:
-            await service.memories.start()
-        except SidecarError as e:  # a bad --embedding-model: the daemon serves on, without memory
-            log.error("memory is off: its embedding model did not load", error=str(e))
-    return asyncio.create_task(start(), name="memory-start")
 
 
 def _start_frame_guard(settings: Settings, service: SidecarService, engine: Engine) -> asyncio.Task:

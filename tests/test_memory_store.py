@@ -12,7 +12,7 @@ from sidecar.errors import InvalidArgument
 from sidecar.memory import recall
 from sidecar.memory.lexical import LEXICAL_DIMS, lexical_vector
 from sidecar.memory.store import MemoryStore
-from sidecar.service.memories import check_name, check_tags, check_text
+from sidecar.memory.checks import check_name, check_tags, check_text
 
 pytestmark = pytest.mark.fast
 

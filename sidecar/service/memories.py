@@ -7,13 +7,15 @@ them (counted in status as recalls_late) rather than hold the player's first tok
 about fifteen queued embeddings on 2 cores (a crowd whose turns all start at once), while one
 turn's own recall takes 5-15 ms (bench/run.py memory prints it); a reply's first token is some
 hundreds of milliseconds anyway, so a late memory costs less than a stalled NPC.
+
+The embedding model loads at first use (_loaded), not at start: a game that never uses memory
+keeps its RAM and start-up (the RAM-budget tests measured 43 MB of it in the process).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-import unicodedata
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -22,8 +24,9 @@ import structlog
 
 from sidecar.api import pb
 from sidecar.backend.requests import Finished, GenerationSpec
-from sidecar.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
+from sidecar.errors import FailedPrecondition, InvalidArgument, ResourceExhausted, SidecarError
 from sidecar.memory import recall
+from sidecar.memory.checks import MAX_SCOPE_CHARS, check_name, check_scopes, check_tags, check_text
 from sidecar.memory.embedder import Embedder, open_embedder
 from sidecar.memory.store import Memory, MemoryStore
 from sidecar.service import memory_saves
@@ -34,12 +37,7 @@ RECALL_WAIT_S = 0.15
 DEFAULT_K = 4
 MAX_K_TURN = 32
 MAX_K_SEARCH = 100
-MAX_TEXT_BYTES = 4096
 MAX_TEXTS = 64
-MAX_TAGS = 16
-MAX_TAG_CHARS = 64
-MAX_SCOPE_CHARS = 128
-MAX_SCOPES = 16
 MAX_LIST = 1000
 # The recalled block's default share of the context.
 BUDGET_SHARE = 8
@@ -74,38 +72,6 @@ class SessionMemory:
     off: bool = False
 
 
-def check_text(text: str, what: str) -> str:
-    if not text.strip():
-        raise InvalidArgument(f"{what} is empty")
-    if len(text.encode("utf-8")) > MAX_TEXT_BYTES:
-        raise InvalidArgument(f"{what} is {len(text.encode('utf-8'))} bytes; at most {MAX_TEXT_BYTES}")
-    for ch in text:
-        if unicodedata.category(ch) in ("Cc", "Cs", "Co", "Cn") and ch not in "\n\t":
-            raise InvalidArgument(f"{what} may not contain control or unassigned characters (found U+{ord(ch):04X})")
-    return text
-
-
-def check_name(name: str, what: str, limit: int) -> str:
-    if not name or len(name) > limit:
-        raise InvalidArgument(f"{what} must be 1 to {limit} characters")
-    for ch in name:
-        if unicodedata.category(ch)[0] in "CZ" and ch != " ":
-            raise InvalidArgument(f"{what} may not contain control or separator characters (found U+{ord(ch):04X})")
-    return name
-
-
-def check_tags(tags) -> tuple[str, ...]:
-    if len(tags) > MAX_TAGS:
-        raise InvalidArgument(f"{len(tags)} tags; at most {MAX_TAGS}")
-    return tuple(dict.fromkeys(check_name(t, "a tag", MAX_TAG_CHARS) for t in tags))
-
-
-def check_scopes(scopes) -> tuple[str, ...]:
-    if len(scopes) > MAX_SCOPES:
-        raise InvalidArgument(f"{len(scopes)} scopes; at most {MAX_SCOPES}")
-    return tuple(dict.fromkeys(check_name(s, "a scope", MAX_SCOPE_CHARS) for s in scopes))
-
-
 def memory_pb(m: Memory) -> pb.Memory:
     return pb.Memory(id=m.id, scope=m.scope, text=m.text, tags=list(m.tags), created_unix_ms=int(m.created * 1000),
                      source=m.source, session_id=m.session_id, turn=m.turn, uses=m.uses)
@@ -131,39 +97,46 @@ class Memories:
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="memory")
         self._sessions: dict[str, SessionMemory] = {}
         self._pending_writes = 0
-        self._loaded = asyncio.Event()  # set once start() has ended, loaded or not
+        self._loading: asyncio.Future | None = None  # the embedder's load, once first asked for
+        self.load_error = ""
         self.recalls = 0
         self.recalls_late = 0
 
-    async def start(self) -> None:
-        """Load the embedder on the memory thread (the daemon goes on serving meanwhile)."""
-        try:
-            if not self.settings.enabled:
-                return
-            loop = asyncio.get_running_loop()
-            embedder = await loop.run_in_executor(self._thread, open_embedder, self.settings.embedder, self.settings.cache_dir)
-            self.store = MemoryStore(embedder.dims, self.settings.max_per_scope, self.settings.max_total)
-            self.embedder = embedder
-            log.info("memory ready", embedder=embedder.name, dims=embedder.dims)
-        finally:
-            self._loaded.set()
-
-    async def _loading_done(self) -> None:
-        if self.settings.enabled and not self._loaded.is_set():
+    async def _loaded(self) -> bool:
+        """Whether the embedder and store are there, loading them on first use: a game that never
+        uses memory pays nothing for it (its 44 MB model, a second of start-up). Waits at most
+        LOAD_WAIT_S; a load that failed stays failed (load_error says why)."""
+        if not self.settings.enabled:
+            return False
+        if self.store is None and self._loading is None:
+            self._loading = asyncio.ensure_future(self._load())
+        if self._loading is not None and not self._loading.done():
             try:
-                await asyncio.wait_for(self._loaded.wait(), LOAD_WAIT_S)
+                await asyncio.wait_for(asyncio.shield(self._loading), LOAD_WAIT_S)
             except asyncio.TimeoutError:
                 pass
+        return self.store is not None
+
+    async def _load(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            embedder = await loop.run_in_executor(self._thread, open_embedder, self.settings.embedder, self.settings.cache_dir)
+        except SidecarError as e:  # a bad --embedding-model: the daemon serves on, without memory
+            self.load_error = str(e)
+            log.error("memory is off: its embedding model did not load", error=self.load_error)
+            return
+        self.store = MemoryStore(embedder.dims, self.settings.max_per_scope, self.settings.max_total)
+        self.embedder = embedder
+        log.info("memory ready", embedder=embedder.name, dims=embedder.dims)
 
     def close(self) -> None:
         self._thread.shutdown(wait=False, cancel_futures=True)
 
     async def _ready(self) -> MemoryStore:
-        await self._loading_done()
         if not self.settings.enabled:
             raise FailedPrecondition("memory is off (--no-memory)")
-        if self.store is None:
-            raise FailedPrecondition("memory is still loading its embedding model; try again in a moment")
+        if not await self._loaded() or self.store is None:
+            raise FailedPrecondition(self.load_error or "memory is still loading its embedding model; try again in a moment")
         return self.store
 
     def _embed(self, texts: list[str]):
@@ -207,13 +180,13 @@ class Memories:
                                                    min(k, MAX_K_TURN) or DEFAULT_K, check_tags(tags), off)
 
     async def add_to_archive(self, archive, everything: bool) -> None:
-        await self._loading_done()
         await asyncio.to_thread(memory_saves.add_to_archive, self, archive, everything)
 
     async def restore(self, archive, replace: bool) -> int:
         """The archive's memories and options (after its sessions were taken)."""
-        await self._loading_done()
-        if self.store is None:
+        for o in archive.memory_options:
+            self.hold_options(o.session_id, o.scope, tuple(o.read_scopes), o.max_tokens, o.k, tuple(o.tags), o.off)
+        if not archive.memories or not await self._loaded():
             return 0
         return await self._on_thread(memory_saves.restore_from_archive, self, archive, replace)
 
@@ -252,8 +225,7 @@ class Memories:
         """The turns `finished` dropped from its session, stored as memories of its scope."""
         if options is None or options.off or not finished.dropped_messages:
             return []
-        await self._loading_done()  # turns dropped while the model loads are kept too
-        if self.store is None:
+        if not await self._loaded() or self.store is None:
             return []
         turns = recall.turn_memories(finished.dropped_messages, finished.first_dropped_turn)
         if not turns:

@@ -19,6 +19,7 @@ import numpy as np
 
 from sidecar.api.xlm.v1 import session_archive_pb2 as apb
 from sidecar.errors import InvalidArgument
+from sidecar.memory.checks import check_scopes, check_tags
 from sidecar.memory.store import Memory
 
 # Bounds on the memories one archive may carry (a hostile archive's digest is valid too).
@@ -31,9 +32,13 @@ MAX_SAVED_NAME = 128
 def add_to_archive(memories, archive: apb.SessionArchive, everything: bool) -> None:
     """The memories of the archive's sessions' scopes (all of them when `everything`)."""
     store, embedder = memories.store, memories.embedder
-    if store is None or embedder is None:
-        return
     options = {s.session_id: memories.held_options(s.session_id) for s in archive.sessions}
+    for sid, o in options.items():
+        if sid in memories.given_options:
+            archive.memory_options.add(session_id=sid, scope=o.scope, read_scopes=list(o.reads),
+                                       max_tokens=o.max_tokens, k=o.k, tags=list(o.tags), off=o.off)
+    if store is None or embedder is None:  # never loaded: nothing remembered yet
+        return
     scopes = set(store.scope_names()) if everything else {
         scope for o in options.values() for scope in (o.scope, *o.reads)}
     saved, vectors = store.of_scopes(scopes)
@@ -43,10 +48,6 @@ def add_to_archive(memories, archive: apb.SessionArchive, everything: bool) -> N
             scope=memory.scope, text=memory.text, tags=list(memory.tags), created_unix_ms=int(memory.created * 1000),
             source=memory.source, session_id=memory.session_id, turn=memory.turn, uses=memory.uses,
             last_used_unix_ms=int(memory.last_used * 1000), vector=np.asarray(vector, "<f4").tobytes())
-    for sid, o in options.items():
-        if sid in memories.given_options:
-            archive.memory_options.add(session_id=sid, scope=o.scope, read_scopes=list(o.reads),
-                                       max_tokens=o.max_tokens, k=o.k, tags=list(o.tags), off=o.off)
 
 
 def check_archive_memories(archive: apb.SessionArchive) -> None:
@@ -61,8 +62,6 @@ def check_archive_memories(archive: apb.SessionArchive) -> None:
             raise InvalidArgument(f"a memory of the save is out of bounds (scope {m.scope[:32]!r}, {len(m.text)} characters)")
         if any(unicodedata.category(ch) in ("Cc", "Zl", "Zp") for ch in m.scope):
             raise InvalidArgument(f"a memory scope of the save holds control characters: {m.scope[:32]!r}")
-    from sidecar.service.memories import check_scopes, check_tags  # the request's own checks
-
     for o in archive.memory_options:
         check_scopes([o.scope] if o.scope else [])
         check_scopes(o.read_scopes)
@@ -72,11 +71,7 @@ def check_archive_memories(archive: apb.SessionArchive) -> None:
 def restore_from_archive(memories, archive: apb.SessionArchive, replace: bool) -> int:
     """On the memory thread: the archive's memories into the store; returns how many."""
     store, embedder = memories.store, memories.embedder
-    if store is None or embedder is None:
-        return 0
-    for o in archive.memory_options:
-        memories.hold_options(o.session_id, o.scope, tuple(o.read_scopes), o.max_tokens, o.k, tuple(o.tags), o.off)
-    if not archive.memories:
+    if store is None or embedder is None or not archive.memories:
         return 0
     if replace:
         for scope in {m.scope for m in archive.memories}:
