@@ -142,7 +142,6 @@ def scenario(args: argparse.Namespace) -> dict:
         daemon = start_daemon(*ARGS, *extra, "--profile", "off")
         try:
             with daemon.client(timeout_s=600) as client:
-                _wait_memory(client, name)
                 if name == "off":
                     out["retrieval"][name] = {"recall": 0.0, "note": "--no-memory: dropped turns are gone"}
                     continue
@@ -162,12 +161,6 @@ def scenario(args: argparse.Namespace) -> dict:
             stop_daemon(daemon)
     _print(out)
     return out
-
-
-def _wait_memory(client, name: str) -> None:
-    deadline = time.monotonic() + 60
-    while name != "off" and not client.status().memories.embedder and time.monotonic() < deadline:
-        time.sleep(0.2)
 
 
 def _print(out: dict) -> None:

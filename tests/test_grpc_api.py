@@ -334,3 +334,12 @@ def test_a_repeated_one_off_prompt_lands_where_its_prefix_is_cached(client) -> N
     # whole prompt in one pass, and may round a near-tie otherwise.)
     assert once_more.final.usage.cached_prompt_tokens == again.final.usage.cached_prompt_tokens
     assert once_more.token_ids == again.token_ids
+
+
+def test_a_prompt_the_tokenizer_drops_entirely_is_invalid_argument(client) -> None:
+    # SmolLM2 drops U+0016 and adds no BOS: the prompt has no tokens. It reached llama_decode as an
+    # empty batch (-1, INTERNAL) until the engine refused it (the transport fuzzer found it).
+    with pytest.raises(grpc.RpcError) as e:
+        list(client.generate(pb.GenerateRequest(prompt="\x16", max_tokens=1)))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "no tokens" in e.value.details()
+    assert client.complete(pb.GenerateRequest(prompt="Hi", max_tokens=1)).final.usage.prompt_tokens >= 1  # serves on

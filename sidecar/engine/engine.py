@@ -353,6 +353,11 @@ class Engine(Admitting, KvResizing, Reloading):
         else:
             built = self._build(spec, session, images)
         conversation, prompt_text, tokens, spans = built.conversation, built.prompt_text, built.tokens, built.spans
+        if not tokens:
+            # Text of nothing but characters the tokenizer drops (SmolLM2 drops U+0016 and adds no
+            # BOS) is no prompt: an empty batch is llama_decode's -1, which reached the game as
+            # INTERNAL (found by the transport fuzzer). Refused before anything changes.
+            raise InvalidArgument("the prompt has no tokens: its text is only characters the model's tokenizer drops")
         if slot.session_id != spec.session_id or not spec.session_id:
             self._bind(slot, session)
         if built.trim.dropped:
