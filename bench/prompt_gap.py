@@ -32,6 +32,9 @@ LOADS = ("none", "at the limit", "at the size check", "6 MB")
 def options(group) -> None:
     group.add_argument("--before-src", help="a checkout of another commit to measure side by side")
     group.add_argument("--reply-tokens", type=int, default=None, help="tokens each stream replies (default 160)")
+    group.add_argument("--no-frame-guard", action="store_true",
+                       help="both daemons without the frame guard (on by default: it caps a pass's tokens itself "
+                            "when it sees load, which hides what the scheduler does alone)")
 
 
 def _stream(client, tag: str, tokens: int, times: list[float]) -> None:
@@ -92,10 +95,13 @@ def scenario(args: argparse.Namespace) -> dict:
     tokens = args.reply_tokens or (48 if args.quick else 160)
     flags = ("--ctx", str(CTX), "--max-prompt-tokens", str(LIMIT), "--parallel", str(STREAMS + 1),
              "--stream-interval-ms", "0", "--profile", "off", "--no-websocket")
+    flags += ("--no-frame-guard",) if args.no_frame_guard else ()
     sides = {"this tree": start_daemon(*flags)}
     if args.before_src:
         env = {"PYTHONPATH": os.path.abspath(args.before_src)}
-        sides["before"] = start_daemon(*flags, env=env, program=(sys.executable, "-m", "sidecar"))
+        # -P: `python -m` would put the working directory (this tree) ahead of PYTHONPATH, and the
+        # "before" daemon would be this tree's again.
+        sides["before"] = start_daemon(*flags, env=env, program=(sys.executable, "-P", "-m", "sidecar"))
     results: dict = {}
     try:
         for side, daemon in sides.items():  # first passes, the KV's first growth: not measured
@@ -116,7 +122,9 @@ def scenario(args: argparse.Namespace) -> dict:
         for daemon in sides.values():
             stop_daemon(daemon)
     summary = {}
-    print(f"\n{STREAMS} streams x {tokens} tokens, --ctx {CTX} --max-prompt-tokens {LIMIT}; medians over {args.repeats} rounds")
+    guard = "off" if args.no_frame_guard else "on"
+    print(f"\n{STREAMS} streams x {tokens} tokens, --ctx {CTX} --max-prompt-tokens {LIMIT}, frame guard {guard}; "
+          f"medians over {args.repeats} rounds")
     print(f"{'':44s} longest gap  median gap  extra passes  the large request")
     for key, rounds in results.items():
         longest = statistics.median(g["longest_ms"] for g in rounds)
@@ -127,4 +135,4 @@ def scenario(args: argparse.Namespace) -> dict:
                         "outcome": rounds[-1]["outcome"], "load_ms": statistics.median(g["load_s"] for g in rounds) * 1000}
         print(f"{key:44s} {longest:8.0f} ms {median:8.0f} ms {extra:10.1f}     {rounds[-1]['outcome']} "
               f"({summary[key]['load_ms']:.0f} ms)")
-    return {"streams": STREAMS, "tokens": tokens, "ctx": CTX, "limit": LIMIT, "rounds": results, "summary": summary}
+    return {"streams": STREAMS, "tokens": tokens, "frame_guard": guard, "ctx": CTX, "limit": LIMIT, "rounds": results, "summary": summary}

@@ -45,3 +45,18 @@ def test_more_decoders_than_the_batch_holds_wait_their_turn() -> None:
 def test_threads_follow_the_smallest_tier_holding_the_pass() -> None:
     tiers = ((1, 2), (16, 4), (512, 8))
     assert [threads_for(n, tiers) for n in (1, 2, 16, 17, 512, 4096)] == [2, 4, 4, 8, 8, 8]
+
+
+def test_beside_a_streaming_reply_prompts_take_only_their_budget() -> None:
+    demands = [SequenceDemand(0, tuple(range(100)), 0, False), SequenceDemand(1, (7,), 42, True),
+               SequenceDemand(2, tuple(range(50)), 0, False)]
+    plan = plan_step(demands, n_batch=512, prompt_beside_replies=30)
+    # The reply's token goes in; the two prompts share 30 tokens, in the order given.
+    assert dict(plan.fed) == {1: 1, 0: 30}
+    assert plan.logits_at == ((1, 30),)
+
+
+def test_with_no_reply_streaming_a_prompt_takes_the_whole_pass() -> None:
+    demands = [SequenceDemand(0, tuple(range(100)), 0, False)]
+    plan = plan_step(demands, n_batch=64, prompt_beside_replies=30)
+    assert dict(plan.fed) == {0: 64}

@@ -58,6 +58,10 @@ class EngineConfig:
     # Text a request's grammar forces is fed in one pass instead of one pass a token
     # (jump_forward.py); off, constrained replies decode token by token as llama.cpp's server does.
     jump_forward: bool = True
+    # While a reply streams, a pass carries only the prompt tokens that keep it near a stream's
+    # pass time (prompt_budget.py). The cut depends on measured times, so batch layouts vary from
+    # run to run: off gives the fixed layouts token comparisons need.
+    prompt_slices_beside_replies: bool = True
     max_sessions: int = 64
     max_queue: int = 256
     max_prompt_tokens: int = 0  # 0: three quarters of the context, leaving room for the reply

@@ -62,6 +62,7 @@ from sidecar.backend.sessions import Session, SessionStore
 from sidecar.engine.scheduling.slot import ActiveRequest, Slot
 from sidecar.engine.scheduling.slot_choice import common_prefix
 from sidecar.backend.stats import ThroughputStats
+from sidecar.engine.scheduling.prompt_budget import PromptBudget
 from sidecar.engine.scheduling.step import SequenceDemand, StepPlan, plan_step, threads_for
 from sidecar.engine.pass_limits import PassLimiter
 from sidecar.engine.threads.thread_governor_hook import GovernedThreads
@@ -105,6 +106,7 @@ class Engine(Admitting, KvResizing, Reloading):
         self.sessions = SessionStore(config.max_sessions, config.saved_sessions_bytes)
         self.sharing = PrefixSharing(PrefixCache(config.prefix_cache_bytes), self._kv_bytes_per_token)
         self.stats = ThroughputStats()
+        self.prompt_budget = PromptBudget()  # prompt tokens a pass may carry beside a streaming reply
         self._waiting: deque[Job] = deque()
         self._closing = False
         self.last_reload_pause_ms = 0.0
@@ -117,7 +119,7 @@ class Engine(Admitting, KvResizing, Reloading):
         # Embedding passes run between the streams' passes, under the same frame guard.
         self.model_calls = ModelCalls(lambda: self.model,
                                       lambda: self._guarded(self._governor.threads(self.config, self.config.threads_prefill)),
-                                      lambda: self.pass_limiter.batch(self.config.n_batch), self.pass_limiter.pause_after)
+                                      self._embedding_slice_tokens, self.pass_limiter.pause_after)
         # Prompts are built on a thread of their own before they reach this one (prompt_prep.py);
         # the lock keeps a reload from freeing the model under it, and the generation tells a
         # prompt built with the old model from one built with the new.
@@ -213,6 +215,16 @@ class Engine(Admitting, KvResizing, Reloading):
 
     def set_pass_limits(self, limits: PassLimits) -> None:
         self.pass_limiter.limits = limits
+
+    def _embedding_slice_tokens(self) -> int:
+        """An embedding slice runs between two passes, so a reply streaming waits for it as for a
+        pass: beside one it takes a prompt's budget (prompt_budget.py). A whole slice of 512 tokens
+        is about 1.4 s on a 2-core Xeon, as a prompt chunk of 512 is."""
+        n_batch = self.pass_limiter.batch(self.config.n_batch)
+        streaming = sum(1 for s in self._slots if s.active is not None and s.active.decoding)
+        if streaming and self.config.prompt_slices_beside_replies:
+            return self.prompt_budget.tokens_beside_replies(n_batch, streaming)
+        return n_batch
 
     def _guarded(self, threads: int) -> int:
         # --no-adaptive-threads pins the threads (reproducible greedy text): the guard's cap too.
@@ -470,7 +482,13 @@ class Engine(Admitting, KvResizing, Reloading):
             if slot.active is not None and slot.active.next_image_start() == slot.active.fed:
                 self._feed_image(slot)
         demands = [self._demand(s) for s in self._slots if s.active is not None]
-        return plan_step(demands, self.pass_limiter.batch(self.config.n_batch)) if demands else None
+        if not demands:
+            return None
+        n_batch = self.pass_limiter.batch(self.config.n_batch)
+        streaming = sum(d.decoding for d in demands)
+        beside = (self.prompt_budget.tokens_beside_replies(n_batch, streaming, len(demands) - streaming)
+                  if self.config.prompt_slices_beside_replies else None)
+        return plan_step(demands, n_batch, beside)
 
     def _execute(self, plan: StepPlan) -> float:
         """One forward pass on the threads the plan's tier, the governor and an image encode
@@ -506,6 +524,7 @@ class Engine(Admitting, KvResizing, Reloading):
                 active.fed += n
                 prefill_tokens += n
                 self.sharing.after_pass(self._ctx, slot)
+        self.prompt_budget.record(decode_tokens, prefill_tokens, elapsed * 1000.0)
         if decode_tokens:
             self.stats.record_decode(decode_tokens, elapsed * decode_tokens / plan.n_tokens)
         if prefill_tokens:

@@ -37,11 +37,12 @@ class StepPlan:
         return len(self.entries)
 
 
-def plan_step(demands: list[SequenceDemand], n_batch: int) -> StepPlan:
+def plan_step(demands: list[SequenceDemand], n_batch: int, prompt_beside_replies: int | None = None) -> StepPlan:
     """Fill one pass of at most `n_batch` tokens: every decoding sequence's token first (a player
     waiting mid-sentence notices a stall more than a slower start), then prompt chunks in the
-    order given, the last one cut to fit. A prompt chunk asks for logits only when it ends the
-    prompt, since only then is there a next token to sample.
+    order given, the last one cut to fit, at most `prompt_beside_replies` of them in all when the
+    pass carries a reply's token (prompt_budget.py). A prompt chunk asks for logits only when it
+    ends the prompt, since only then is there a next token to sample.
 
     The entries go out ordered by sequence id. Without a unified KV cache llama.cpp puts into one
     micro-batch only a run of consecutive sequence ids, met in batch order: with decode tokens
@@ -61,13 +62,15 @@ def plan_step(demands: list[SequenceDemand], n_batch: int) -> StepPlan:
             break
         chosen[d.seq] = (d, 1 + extra)
         used += extra
+    prompt_room = n_batch if prompt_beside_replies is None or not chosen else prompt_beside_replies
     for d in (d for d in demands if not d.decoding):
-        room = n_batch - used
+        room = min(n_batch - used, prompt_room)
         if room <= 0:
             break
         take = min(room, len(d.tokens))
         chosen[d.seq] = (d, take)
         used += take
+        prompt_room -= take
     entries: list[BatchEntry] = []
     fed: list[tuple[int, int]] = []
     logits_at: list[tuple[int, int]] = []
