@@ -60,3 +60,13 @@ def test_with_no_reply_streaming_a_prompt_takes_the_whole_pass() -> None:
     demands = [SequenceDemand(0, tuple(range(100)), 0, False)]
     plan = plan_step(demands, n_batch=64, prompt_beside_replies=30)
     assert dict(plan.fed) == {0: 64}
+
+
+def test_beside_a_reply_a_short_prompt_goes_whole_and_a_long_one_waits_its_budget() -> None:
+    demands = [SequenceDemand(1, (7,), 42, True), SequenceDemand(0, tuple(range(300)), 0, False),
+               SequenceDemand(2, tuple(range(40)), 0, False), SequenceDemand(3, tuple(range(50)), 0, False)]
+    plan = plan_step(demands, n_batch=512, prompt_beside_replies=10, whole_below=64)
+    assert dict(plan.fed) == {1: 1, 0: 10, 2: 40, 3: 50}
+    # The long prompt's budget spent, short prompts after it still go.
+    spent = plan_step(demands, n_batch=512, prompt_beside_replies=0, whole_below=64)
+    assert dict(spent.fed) == {1: 1, 2: 40, 3: 50}

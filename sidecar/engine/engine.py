@@ -62,7 +62,7 @@ from sidecar.backend.sessions import Session, SessionStore
 from sidecar.engine.scheduling.slot import ActiveRequest, Slot
 from sidecar.engine.scheduling.slot_choice import common_prefix
 from sidecar.backend.stats import ThroughputStats
-from sidecar.engine.scheduling.prompt_budget import PromptBudget
+from sidecar.engine.scheduling.prompt_budget import WHOLE_PROMPT_TOKENS, PromptBudget
 from sidecar.engine.scheduling.step import SequenceDemand, StepPlan, plan_step, threads_for
 from sidecar.engine.pass_limits import PassLimiter
 from sidecar.engine.threads.thread_governor_hook import GovernedThreads
@@ -488,7 +488,7 @@ class Engine(Admitting, KvResizing, Reloading):
         streaming = sum(d.decoding for d in demands)
         beside = (self.prompt_budget.tokens_beside_replies(n_batch, streaming, len(demands) - streaming)
                   if self.config.prompt_slices_beside_replies else None)
-        return plan_step(demands, n_batch, beside)
+        return plan_step(demands, n_batch, beside, WHOLE_PROMPT_TOKENS)
 
     def _execute(self, plan: StepPlan) -> float:
         """One forward pass on the threads the plan's tier, the governor and an image encode

@@ -2,23 +2,24 @@
 
 A pass that carries one decoding NPC's next token also carries prompt chunks of the requests
 still prefilling, and every NPC mid-sentence waits for the whole pass. Filled to n_batch that was
-a stall: with a 3,000-token prompt arriving beside three streams (bench/run.py prompt-gap, 2-core
-Xeon, n_batch 2048), each pass of prompt took 2-7 s and the streams stood still for as long.
-So while any reply is being streamed, a pass's prompt tokens are held to what fits a pass time
-target (Sarathi-Serve's "stall-free batching": chunked prefill sized by the decode latency one
-will accept); a pass with no reply in it still takes n_batch, since nobody waits mid-sentence.
+a stall: with a 2,723-token prompt arriving beside three streams (bench/run.py prompt-gap, 2-core
+Xeon, frame guard off), each 512-token pass took 1.4-2.3 s and the streams stood still for as
+long. So while any reply is being streamed, the chunks of long prompts are held to what fits a
+pass time target (Sarathi-Serve's "stall-free batching": chunked prefill sized by the decode
+latency one will accept); prompts of up to WHOLE_PROMPT_TOKENS go whole, and a pass with no reply
+in it still takes n_batch, since nobody waits mid-sentence.
 
 The target is the larger of 100 ms and twice a decode-only pass, for each streaming reply; where
-more requests wait for their first token than replies stream, it grows in proportion: (streaming
-+ waiting) / streaming. A player waits for a first word as much as for a next one: when a village
-of 16 NPCs speaks at once and the first has begun its reply, the other 15 prompts are not held to
-that one reply's pace. A pass costs a fixed part, which grows with how deep into its context the
-prompt is (each chunk reads the KV before it again), plus a part per token. Measured on a 2-core
-Xeon (SmolLM2-135M) 2,000 tokens deep, flash attention off: 16 tokens 83 ms, 512 tokens 2.8 s,
-so small slices there cost up to twice a big chunk's time a token (bench/run.py prompt-gap: the
-2,723-token prompt served in 20 s instead of 10.7, while the three streams kept 5-7 tokens/s
-where they stopped for 2.3 s at each of its passes). Twice a decode-only pass keeps slices worth their
-fixed cost where decoding alone is slow.
+more requests wait for their first token than replies stream, it grows in proportion: (streaming +
+waiting) / streaming. A player waits for a first word as much as for a next one: when a village of
+16 NPCs with a long uncached world speaks at once and the first has begun its reply, the other 15
+prompts are not held to that one reply's pace. A pass costs a fixed part, which grows with how deep
+into its context the prompt is (each chunk reads the KV before it again), plus a part per token.
+Measured on a 2-core Xeon (SmolLM2-135M) 2,000 tokens deep, flash attention off: 16 tokens 83 ms,
+512 tokens 2.8 s, so small slices there cost up to twice a big chunk's time a token (bench/run.py
+prompt-gap: the 2,723-token prompt served in 20 s instead of 10.7, while the three streams kept 5-7
+tokens/s where they stopped for 2.3 s at each of its passes). Twice a decode-only pass keeps slices
+worth their fixed cost where decoding alone is slow.
 
 The running estimate of a prompt token's cost is the pass's time beyond a decode-only pass over
 its prompt tokens, fixed part included: sized from it, the slice settles where the pass takes the
@@ -38,6 +39,12 @@ MIN_SLICE = 16
 # Before anything is measured: a slice this size costs ~100 ms on a slow 2-core CPU and a few ms on
 # a GPU, and the first pass with prompt tokens measures the real cost.
 FIRST_SLICE = 32
+# A prompt this short goes whole even beside replies: a new turn, a recalled memory, a villager's
+# persona and line. Sliced, a crowd's short prompts took so many passes that the first NPCs'
+# 8-token replies ended before the last NPC's first token (tests/test_crowd.py); whole, one costs
+# the streams at most ~0.4 s once on a slow 2-core CPU. The budget is for what would stall them
+# for seconds, pass after pass.
+WHOLE_PROMPT_TOKENS = 128
 # A pass with fewer prompt tokens than this says little about their cost (noise, the fixed part).
 MEASURE_MIN_PROMPT_TOKENS = 8
 SMOOTHING = 0.25  # the share of a new measurement in the running estimate

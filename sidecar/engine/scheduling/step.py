@@ -37,12 +37,14 @@ class StepPlan:
         return len(self.entries)
 
 
-def plan_step(demands: list[SequenceDemand], n_batch: int, prompt_beside_replies: int | None = None) -> StepPlan:
+def plan_step(demands: list[SequenceDemand], n_batch: int, prompt_beside_replies: int | None = None,
+              whole_below: int = 0) -> StepPlan:
     """Fill one pass of at most `n_batch` tokens: every decoding sequence's token first (a player
     waiting mid-sentence notices a stall more than a slower start), then prompt chunks in the
-    order given, the last one cut to fit, at most `prompt_beside_replies` of them in all when the
-    pass carries a reply's token (prompt_budget.py). A prompt chunk asks for logits only when it
-    ends the prompt, since only then is there a next token to sample.
+    order given, the last one cut to fit. When the pass carries a reply's token, the prompts of
+    more than `whole_below` tokens share `prompt_beside_replies` tokens between them, and shorter
+    ones go whole (prompt_budget.py). A prompt chunk asks for logits only when it ends the prompt,
+    since only then is there a next token to sample.
 
     The entries go out ordered by sequence id. Without a unified KV cache llama.cpp puts into one
     micro-batch only a run of consecutive sequence ids, met in batch order: with decode tokens
@@ -62,15 +64,18 @@ def plan_step(demands: list[SequenceDemand], n_batch: int, prompt_beside_replies
             break
         chosen[d.seq] = (d, 1 + extra)
         used += extra
-    prompt_room = n_batch if prompt_beside_replies is None or not chosen else prompt_beside_replies
+    sliced = prompt_beside_replies is not None and bool(chosen)
+    long_room = prompt_beside_replies if prompt_beside_replies is not None and sliced else n_batch
     for d in (d for d in demands if not d.decoding):
-        room = min(n_batch - used, prompt_room)
-        if room <= 0:
+        if used >= n_batch:
             break
-        take = min(room, len(d.tokens))
+        long = sliced and len(d.tokens) > whole_below
+        take = min(n_batch - used, len(d.tokens), long_room if long else n_batch)
+        if take <= 0:
+            continue  # a long prompt past the budget: a short one after it may still go
         chosen[d.seq] = (d, take)
         used += take
-        prompt_room -= take
+        long_room -= take if long else 0
     entries: list[BatchEntry] = []
     fed: list[tuple[int, int]] = []
     logits_at: list[tuple[int, int]] = []
