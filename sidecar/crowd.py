@@ -10,12 +10,14 @@ fewer than AUTO_MIN (the old default). SmolLM2-135M at --ctx 4096 takes 94 MB a 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
 import psutil
 
 from sidecar.errors import InvalidArgument
+from sidecar.memory.footprint import store_bytes
 
 AUTO_MAX = 16
 AUTO_MIN = 4
@@ -72,21 +74,38 @@ def parallel_for(parallel: int, model_path: Path, ctx: int) -> int:
     return auto_parallel(kv, psutil.virtual_memory().total)
 
 
-def _kv_room(ram_budget: int, model_bytes: int, prefix_cache_bytes: int, vision_bytes: int) -> int:
-    """What `ram_budget` leaves for the KV beside the weights, the process, the vision worker and
-    the two caches' shares of it (`prefix_cache_bytes`: --prefix-cache-mb, before its share)."""
+@dataclass(frozen=True)
+class MemoryReserve:
+    """What NPC memory takes of a RAM budget (memory/footprint.py): its embedding model whole, and
+    the store's share of the budget."""
+
+    model_bytes: int = 0
+    store: bool = False
+
+    def bytes(self, ram_budget: int) -> int:
+        return self.model_bytes + (store_bytes(ram_budget) if self.store else 0)
+
+
+NO_MEMORY = MemoryReserve()
+
+
+def _kv_room(ram_budget: int, model_bytes: int, prefix_cache_bytes: int, vision_bytes: int,
+             memory: MemoryReserve = NO_MEMORY) -> int:
+    """What `ram_budget` leaves for the KV beside the weights, the process, the vision worker, NPC
+    memory and the two caches' shares of it (`prefix_cache_bytes`: --prefix-cache-mb, before its
+    share)."""
     saved = int(ram_budget * SAVED_SESSIONS_SHARE)
     prefix = min(prefix_cache_bytes, int(ram_budget * PREFIX_SHARE))
-    return ram_budget - PROCESS_BYTES - model_bytes - prefix - saved - vision_bytes
+    return ram_budget - PROCESS_BYTES - model_bytes - prefix - saved - vision_bytes - memory.bytes(ram_budget)
 
 
 def smallest_ram_budget(model_bytes: int, sequence_kv_bytes: int, prefix_cache_bytes: int,
-                        vision_bytes: int = 0) -> int:
+                        vision_bytes: int = 0, memory: MemoryReserve = NO_MEMORY) -> int:
     """The smallest budget in whole MiB that holds one conversation, by the very rule that checks
     a budget: the caches' shares grow with the budget, so the figure is searched, not summed (a
     refusal that named the sum at the refused budget named a figure that was refused too)."""
     def holds(mib: int) -> bool:
-        return _kv_room(mib << 20, model_bytes, prefix_cache_bytes, vision_bytes) >= max(sequence_kv_bytes, 1)
+        return _kv_room(mib << 20, model_bytes, prefix_cache_bytes, vision_bytes, memory) >= max(sequence_kv_bytes, 1)
 
     high = 1
     while not holds(high):
@@ -99,16 +118,18 @@ def smallest_ram_budget(model_bytes: int, sequence_kv_bytes: int, prefix_cache_b
 
 
 def sequences_within(ram_budget: int, model_bytes: int, sequence_kv_bytes: int, prefix_cache_bytes: int, ctx: int,
-                     budget_name: str = "--ram-budget", vision_bytes: int = 0) -> int:
+                     budget_name: str = "--ram-budget", vision_bytes: int = 0,
+                     memory: MemoryReserve = NO_MEMORY) -> int:
     """Sequences whose KV fits in `ram_budget` beside the weights, the process, the prefix cache and
     the vision worker; InvalidArgument, naming the smallest budget that holds one, when not even one
     does (`budget_name`: the flag or field the budget came in, SetBudget's ram_size at runtime).
     `prefix_cache_bytes` is --prefix-cache-mb: a budget caps it at its share."""
-    n = _kv_room(ram_budget, model_bytes, prefix_cache_bytes, vision_bytes) // max(sequence_kv_bytes, 1)
+    n = _kv_room(ram_budget, model_bytes, prefix_cache_bytes, vision_bytes, memory) // max(sequence_kv_bytes, 1)
     if n < 1:
-        need = smallest_ram_budget(model_bytes, sequence_kv_bytes, prefix_cache_bytes, vision_bytes)
+        need = smallest_ram_budget(model_bytes, sequence_kv_bytes, prefix_cache_bytes, vision_bytes, memory)
         prefix = min(prefix_cache_bytes, int(need * PREFIX_SHARE))
         vision = f", the vision worker encoding {vision_bytes >> 20}" if vision_bytes else ""
+        vision += f", NPC memory {memory.bytes(need) >> 20}" if memory.bytes(need) else ""
         raise InvalidArgument(
             f"{budget_name} {ram_budget >> 20} MiB is below what this model needs: {need >> 20} MiB ({budget_name} "
             f"{need >> 20}M holds one conversation: weights {model_bytes >> 20}, its KV at --ctx {ctx} "
@@ -119,7 +140,7 @@ def sequences_within(ram_budget: int, model_bytes: int, sequence_kv_bytes: int, 
 
 
 def ram_ceiling(ram_budget: int, model_path: Path, ctx: int, prefix_cache_bytes: int,
-                budget_name: str = "--ram-budget", vision_bytes: int = 0) -> int:
+                budget_name: str = "--ram-budget", vision_bytes: int = 0, memory: MemoryReserve = NO_MEMORY) -> int:
     """The most sequences a RAM budget holds for this model and context."""
     from sidecar.model_info.gguf_reader import GgufReadError
 
@@ -128,4 +149,4 @@ def ram_ceiling(ram_budget: int, model_path: Path, ctx: int, prefix_cache_bytes:
         size = Path(model_path).stat().st_size
     except (GgufReadError, OSError):
         return AUTO_MIN  # loading the model says what is wrong with it
-    return sequences_within(ram_budget, size, kv, prefix_cache_bytes, ctx, budget_name, vision_bytes)
+    return sequences_within(ram_budget, size, kv, prefix_cache_bytes, ctx, budget_name, vision_bytes, memory)

@@ -38,6 +38,7 @@ from sidecar.guard.frame_guard import GuardSettings
 from sidecar.guard.guard_task import FrameGuard
 from sidecar.service.budget_control import BudgetControl
 from sidecar.service.core import ServiceInfo, SidecarService
+from sidecar.memory.footprint import embedder_host_bytes
 from sidecar.service.memories import Memories, MemorySettings
 from sidecar.service.ram_budget import RamRule
 from sidecar.service.transports import start_transports
@@ -126,9 +127,15 @@ async def serve_local(settings: Settings, lifecycle: DaemonLifecycle, ready: asy
 
 def _start_memory(settings: Settings, service: SidecarService) -> None:
     """NPC memory; its embedding model loads on the memory thread at first use (memories.py)."""
+    embedder = settings.memory_embedder
+    if embedder != settings.embedding_model:
+        log.warning("memory embeddings by words only: the RAM budget cannot hold the embedding model beside a "
+                    "conversation; give it about model_mib more", ram_budget_mib=settings.ram_budget_bytes >> 20,
+                    model_mib=embedder_host_bytes(settings.embedding_model) >> 20)
     service.memories = Memories(MemorySettings(
-        enabled=settings.memory, embedder=settings.embedding_model,
-        cache_dir=Path(platformdirs.user_cache_dir("xlm-sidecar")) / "embedding-models"))
+        enabled=settings.memory, embedder=embedder,
+        cache_dir=Path(platformdirs.user_cache_dir("xlm-sidecar")) / "embedding-models",
+        max_total=settings.memories_max, max_per_scope=min(MemorySettings.max_per_scope, settings.memories_max)))
 
 
 def _start_frame_guard(settings: Settings, service: SidecarService, engine: Engine) -> asyncio.Task:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import psutil
 from pydantic import Field, SecretStr, field_validator
@@ -17,6 +17,9 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from sidecar.budget import Budget, parse_size
 from sidecar.errors import InvalidArgument
+
+if TYPE_CHECKING:
+    from sidecar.crowd import MemoryReserve
 
 DEFAULT_PORT = 50551
 DEFAULT_HOST = "127.0.0.1"
@@ -158,8 +161,44 @@ class Settings(BaseSettings):
         if self.ram_budget_bytes:
             # --prefix-cache-mb as given: the rule takes the budget's share of it itself.
             n = min(n, ram_ceiling(self.ram_budget_bytes, model, self.ctx, self.prefix_cache_mb << 20, budget_name,
-                                   self.vision_reserved_bytes))
+                                   self.vision_reserved_bytes, self.memory_reserve()))
         return n
+
+    def memory_reserve(self) -> MemoryReserve:
+        """What NPC memory sets aside of a RAM budget (memory/footprint.py): its embedding model
+        when one conversation still fits beside it, and the store's share. Nothing without a
+        budget, or with --no-memory."""
+        from sidecar.crowd import NO_MEMORY, MemoryReserve, ram_ceiling
+        from sidecar.default_model import default_model_path
+        from sidecar.memory.footprint import embedder_host_bytes
+
+        if not self.memory or not self.ram_budget_bytes:
+            return NO_MEMORY
+        with_model = MemoryReserve(embedder_host_bytes(self.embedding_model), store=True)
+        try:
+            ram_ceiling(self.ram_budget_bytes, self.model or default_model_path(), self.ctx, self.prefix_cache_mb << 20,
+                        vision_bytes=self.vision_reserved_bytes, memory=with_model)
+        except InvalidArgument:
+            return MemoryReserve(0, store=True)  # memories found by words (memory_embedder)
+        return with_model
+
+    @property
+    def memory_embedder(self) -> str:
+        """What embeds memories: --embedding-model, or words where a RAM budget cannot also hold
+        its model beside one conversation (memory_reserve)."""
+        from sidecar.memory.footprint import embedder_host_bytes
+
+        if self.memory and self.ram_budget_bytes and embedder_host_bytes(self.embedding_model) \
+                and not self.memory_reserve().model_bytes:
+            return "words"
+        return self.embedding_model
+
+    @property
+    def memories_max(self) -> int:
+        """The most memories in all: the store's share of a RAM budget holds, or the fixed bound."""
+        from sidecar.memory.footprint import memories_within
+
+        return memories_within(self.ram_budget_bytes)
 
     @property
     def vision_reserved_bytes(self) -> int:

@@ -204,3 +204,18 @@ def test_no_memory_refuses_memory_calls_and_keeps_nothing() -> None:
             assert not c.status().memories.enabled
     finally:
         stop_daemon(d)
+
+
+def test_a_ram_budget_too_small_for_the_embedding_model_finds_memories_by_words() -> None:
+    # --ctx 4096 (SmolLM2: 94 MB of KV a conversation): 512M holds one conversation, and not the
+    # embedding model beside it (memory/footprint.py); 1G holds both.
+    small = start_daemon("--budget", "0", "--ram-budget", "512M", "--stream-interval-ms", "0")
+    try:
+        with small.client(timeout_s=120) as c:
+            c.remember(["The smith's sister is called Mira."], scope="smith")
+            status = c.status()
+        assert status.memories.embedder == "words" and status.memories.model_bytes == 0
+        assert status.memory.kv_sequences_max == 1
+        assert any(line.get("event", "").startswith("memory embeddings by words only") for line in small.log_lines)
+    finally:
+        stop_daemon(small)

@@ -30,7 +30,8 @@ from sidecar.memory.minilm_gguf import minilm_gguf, package_zip
 log = structlog.get_logger("memory")
 
 # Tokens an embedding model sees of one text: memories are a turn or a fact, a few dozen tokens.
-EMBED_CONTEXT = 512
+# 256 holds the turn and its reply; 512 took 25 MiB more resident (footprint.py).
+EMBED_CONTEXT = 256
 
 
 class Embedder(Protocol):
@@ -71,7 +72,7 @@ class GgufEmbedder:
     def embed(self, texts: list[str]) -> np.ndarray:
         rows = []
         for text in texts:
-            # Truncated to the context: a memory's first 512 tokens say what it is about.
+            # Truncated to the context: a memory's first 256 tokens say what it is about.
             vector = np.asarray(self._llm.embed(text, truncate=True), dtype=np.float32)
             if vector.ndim == 2:  # a model without pooling: one row per token
                 vector = vector.mean(axis=0)

