@@ -12,6 +12,7 @@ import os
 import secrets
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 
@@ -27,6 +28,33 @@ class RunningDaemon:
     # then it is in the file named by the listening line's token_file).
     token: str | None = None
     ws_address: str | None = None
+    # True when a thread keeps reading the log into log_lines after start (start_daemon's drain).
+    drained: bool = False
+
+    def wait_for_event(self, wanted: str, timeout_s: float, after: int = 0) -> dict:
+        """The first log line whose event is `wanted` past the first `after` such lines, as the
+        daemon writes it (a drained daemon's log is read by its thread; else here)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            found = [e for e in list(self.log_lines) if e.get("event") == wanted]
+            if len(found) > after:
+                return found[after]
+            if self.drained:
+                if self.process.poll() is not None and not self._reader_alive():
+                    break
+                time.sleep(0.02)
+                continue
+            line = self.process.stderr.readline() if self.process.stderr else ""
+            if not line:
+                break
+            try:
+                self.log_lines.append(json.loads(line))
+            except ValueError:
+                continue
+        raise AssertionError(f"no {wanted!r} line within {timeout_s} s: {[e.get('event') for e in self.log_lines]}")
+
+    def _reader_alive(self) -> bool:
+        return any(t.name == f"daemon-log-{self.process.pid}" and t.is_alive() for t in threading.enumerate())
 
     def client(self, **kwargs: object) -> SidecarClient:
         kwargs.setdefault("token", self.token)
@@ -40,6 +68,7 @@ def start_daemon(
     token: str | None = "auto",
     program: tuple[str, ...] = (sys.executable, "-m", "sidecar"),
     until: str = "ready",
+    drain: bool = True,
 ) -> RunningDaemon:
     """Start `xlm-sidecar serve --port 0 ...` and wait for its `until` log line: "ready" (the model
     is loaded: calls are taken at once) or "listening" (bound; still starting).
@@ -47,6 +76,12 @@ def start_daemon(
     The daemon gets XLM_SIDECAR_TOKEN: `token`, a fresh random one for "auto", or none for None
     (then it generates its own, unless `env` sets one). `program` runs another build of the
     daemon, e.g. the frozen executable.
+
+    With `drain` (the default) a thread keeps reading the daemon's log into `log_lines` after
+    start: a pipe nobody reads fills at 64 KB, and the daemon then blocks on its next log line
+    (its event loop too: GetStatus past its deadline, and a stop that took over 20 s, in CI at
+    7cd68b8 and c4ee2ae, where llama.cpp printed whole refused grammars). A caller that reads
+    `process.stderr` itself passes drain=False.
     """
     cmd = [*program, "serve", "--port", "0", "--log-format", "json", *args]
     env = {**os.environ, **(env or {})}
@@ -73,9 +108,25 @@ def start_daemon(
         lines.append(event)
         if event.get("event") == until:
             listening = next(e for e in lines if e.get("event") == "listening")
-            return RunningDaemon(process, listening["address"], lines, token, listening.get("ws_address"))
+            running = RunningDaemon(process, listening["address"], lines, token, listening.get("ws_address"))
+            if drain:
+                _keep_reading(running)
+            return running
     process.kill()
     raise RuntimeError(f"daemon was not {until} within {timeout_s} s: {lines}")
+
+
+def _keep_reading(daemon: RunningDaemon) -> None:
+    def read() -> None:
+        assert daemon.process.stderr is not None
+        for line in daemon.process.stderr:
+            try:
+                daemon.log_lines.append(json.loads(line))
+            except ValueError:
+                continue  # llama.cpp's own lines: read so the pipe never fills, not kept
+
+    daemon.drained = True
+    threading.Thread(target=read, name=f"daemon-log-{daemon.process.pid}", daemon=True).start()
 
 
 def stop_daemon(daemon: RunningDaemon) -> int:

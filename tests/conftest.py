@@ -7,11 +7,9 @@ its own copies of everything (test_import_graph.py checks).
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -50,20 +48,10 @@ def start_daemon(*args: str, **kwargs) -> RunningDaemon:
 
 
 def wait_for_event(daemon: RunningDaemon, wanted: str, timeout_s: float) -> list[dict]:
-    """Read the daemon's JSON log until a line whose event is `wanted`; returns every line so far.
-    Waits on what the daemon says it did instead of sleeping a fixed time after a signal."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if any(e.get("event") == wanted for e in daemon.log_lines):
-            return daemon.log_lines
-        line = daemon.process.stderr.readline()
-        if not line:
-            break
-        try:
-            daemon.log_lines.append(json.loads(line))
-        except ValueError:
-            continue
-    raise AssertionError(f"no {wanted!r} line within {timeout_s} s: {[e.get('event') for e in daemon.log_lines]}")
+    """Wait for a log line whose event is `wanted`; returns every line so far. Waits on what the
+    daemon says it did instead of sleeping a fixed time after a signal."""
+    daemon.wait_for_event(wanted, timeout_s)
+    return daemon.log_lines
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,6 @@ call of 16 went on after its client was killed."""
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterator
 
@@ -69,17 +68,7 @@ def long_text(daemon: RunningDaemon, long_ids: list[int]) -> str:
 def next_event(daemon: RunningDaemon, wanted: str, timeout_s: float) -> dict:
     """The next log line whose event is `wanted`, after those already read."""
     seen = sum(1 for e in daemon.log_lines if e.get("event") == wanted)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        found = [e for e in daemon.log_lines if e.get("event") == wanted]
-        if len(found) > seen:
-            return found[seen]
-        line = daemon.process.stderr.readline()
-        try:
-            daemon.log_lines.append(json.loads(line))
-        except ValueError:
-            continue
-    raise AssertionError(f"no new {wanted!r} line within {timeout_s} s")
+    return daemon.wait_for_event(wanted, timeout_s, after=seen)
 
 
 def silence_ms(heartbeat: Heartbeat, since: float, until: float) -> float:

@@ -68,7 +68,8 @@ def test_frozen_daemon_streams_a_reply(frozen: Path, tmp_path: Path) -> None:
                             env=_without_python_env())
     assert worker.returncode == 0, worker.stderr[-2000:]
     # No --model: the bundled SmolLM2 is the default, found inside the bundle, not in the venv.
-    daemon = start_daemon(program=(str(frozen),), env={**_without_python_env(), "XLM_SIDECAR_RUNTIME_DIR": str(tmp_path)})
+    daemon = start_daemon(program=(str(frozen),), env={**_without_python_env(), "XLM_SIDECAR_RUNTIME_DIR": str(tmp_path)},
+                          drain=False)
     try:
         loading = next(e for e in daemon.log_lines if e["event"] == "loading model")
         assert Path(loading["path"]).is_relative_to(frozen.parent), loading

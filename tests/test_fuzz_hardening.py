@@ -68,7 +68,7 @@ def no_new_failures() -> Iterator[None]:
 @pytest.fixture(scope="module")
 def fuzzed() -> Iterator[RunningDaemon]:
     running = start_daemon(*ONE_THREAD, "--max-tokens-per-request", "4", "--max-prompt-tokens", "48", "--ctx", "256",
-                           "--parallel", "2", "--max-sessions", "8", "--stream-interval-ms", "0")
+                           "--parallel", "2", "--max-sessions", "8", "--stream-interval-ms", "0", drain=False)
     reader = threading.Thread(target=lambda: DAEMON_LOG.extend(running.process.stderr), daemon=True)
     reader.start()
     yield running

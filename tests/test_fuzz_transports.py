@@ -55,6 +55,7 @@ def fuzzed() -> Iterator[RunningDaemon]:
         "--parallel", "2",
         "--max-sessions", "8",
         "--stream-interval-ms", "0",
+        drain=False,
     )
     # Read its log for the whole module: a full pipe would stall the daemon, and the log must not
     # show a single unexpected error.

@@ -73,7 +73,7 @@ def test_every_stderr_line_is_one_json_object_whoever_writes_it() -> None:
 
 
 def test_a_daemon_with_json_logs_writes_only_json_lines() -> None:
-    running = start_daemon(*ONE_THREAD)
+    running = start_daemon(*ONE_THREAD, drain=False)
     with running.client(timeout_s=60) as client:
         client.status()
     assert stop_daemon(running) == 0

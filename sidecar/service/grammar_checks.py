@@ -52,6 +52,7 @@ class GrammarChecks:
         self._lock = threading.Lock()
         self._process: subprocess.Popen | None = None
         self._verdicts: OrderedDict[str, str | None] = OrderedDict()  # key -> refusal, None when it may run
+        self._stderr_tail: ChildOutputTail | None = None
         self.checked = 0
         self.refused = 0
 
@@ -114,6 +115,7 @@ class GrammarChecks:
                     "simplify it (nested repetitions multiply its work)")
         # An allocation refused under the child's memory bound, or llama.cpp aborting on it: either
         # way this grammar would have taken the daemon with it.
+        log.warning("the grammar checker died", code=code, said=self._stderr_tail.text() if self._stderr_tail else "")
         return f"llama.cpp failed on the grammar while checking it (the checker ended with code {code}); it is refused"
 
     @staticmethod
@@ -130,10 +132,15 @@ class GrammarChecks:
     def _running(self) -> subprocess.Popen:
         if self._process is not None and self._process.poll() is None:
             return self._process
-        # Its own process group, so a kill takes anything it forks with it; stderr joins ours.
+        # Its own process group, so a kill takes anything it forks with it. Its stderr is read here
+        # and only its tail kept: llama.cpp prints a grammar it cannot parse, whole, so with stderr
+        # joined to ours a player's 79 KB grammar went into the game's log raw, and where the game
+        # did not read that pipe, filled it: the checker blocked mid-print and every grammar
+        # request after it waited out its deadline (tests: test_grammar_checks_output.py).
         self._process = subprocess.Popen(probe_command(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                         text=True, encoding="utf-8", start_new_session=True,
-                                         env={**os.environ, "GGML_NO_BACKTRACE": "1"})
+                                         stderr=subprocess.PIPE, text=True, encoding="utf-8", errors="replace",
+                                         start_new_session=True, env={**os.environ, "GGML_NO_BACKTRACE": "1"})
+        self._stderr_tail = ChildOutputTail(self._process)
         return self._process
 
     def _kill(self) -> None:
@@ -154,3 +161,25 @@ class GrammarChecks:
     def close(self) -> None:
         with self._lock:
             self._kill()
+
+
+class ChildOutputTail:
+    """Reads a child's stderr to its end on a thread of its own, keeping the last TAIL_CHARS."""
+
+    TAIL_CHARS = 600
+
+    def __init__(self, process: subprocess.Popen) -> None:
+        self._tail = ""
+        self._stream = process.stderr
+        threading.Thread(target=self._read, name="grammar-checker-stderr", daemon=True).start()
+
+    def _read(self) -> None:
+        assert self._stream is not None
+        try:
+            while chunk := self._stream.read(4096):
+                self._tail = (self._tail + chunk)[-self.TAIL_CHARS:]
+        except (OSError, ValueError):  # closed when the child is killed
+            pass
+
+    def text(self) -> str:
+        return " ".join(self._tail.split())[-self.TAIL_CHARS:]
