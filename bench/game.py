@@ -7,7 +7,8 @@ after another; the game on one thread, then on two.
     python bench/run.py game [--seconds 60] [--game-threads 1,2] [--fps 60] [--work-ms 8]
 
 Per side: frame work p50/p99/p99.9, the share of frames past their deadline and of hitches (over
-twice the budget), and the NPCs' aggregate tokens/s. Targets (guard on): late frames at most the
+twice the budget), the NPCs' aggregate tokens/s, and their first-token time (p50, p99): what a
+player waits for beside the game. Targets (guard on): late frames at most the
 game alone's share + 0.5 points, p99 within 1.2x the game alone's, hitches at most alone + 0.1%,
 tokens/s at least half of the guard off's and at least llama-server -t 1's.
 """
@@ -51,6 +52,7 @@ class NpcLoad:
 
     def __init__(self, stream_one, npcs: int) -> None:
         self.arrivals: list[float] = []
+        self.first_tokens: list[tuple[float, float]] = []  # (request sent, ms to its first token)
         self.lock = threading.Lock()
         self.stop = threading.Event()
         self.errors: list[str] = []
@@ -61,8 +63,17 @@ class NpcLoad:
     def _npc(self, stream_one, i: int) -> None:
         turn = 0
         while not self.stop.is_set():
+            sent, seen = time.perf_counter(), []
+
+            def arrived(n: int, sent: float = sent, seen: list = seen) -> None:
+                if not seen:  # what a player waits for: the reply's first token
+                    seen.append(True)
+                    with self.lock:
+                        self.first_tokens.append((sent, (time.perf_counter() - sent) * 1000))
+                self._arrived(n)
+
             try:
-                stream_one(i, turn, self._arrived)
+                stream_one(i, turn, arrived)
             except Exception as e:  # noqa: BLE001 - a failed stream is reported, not fatal
                 self.errors.append(f"{type(e).__name__}: {e}")
                 time.sleep(0.5)
@@ -76,6 +87,14 @@ class NpcLoad:
     def rate(self, t0: float, t1: float) -> float:
         with self.lock:
             return sum(1 for t in self.arrivals if t0 <= t <= t1) / (t1 - t0)
+
+    def first_token_ms(self, t0: float, t1: float) -> tuple[float, float]:
+        """p50 and p99 of the first-token times of requests sent between t0 and t1."""
+        with self.lock:
+            times = sorted(ms for sent, ms in self.first_tokens if t0 <= sent <= t1)
+        if not times:
+            return 0.0, 0.0
+        return times[len(times) // 2], times[min(len(times) - 1, int(len(times) * 0.99))]
 
     def close(self) -> None:
         self.stop.set()
@@ -201,6 +220,7 @@ def _side(args, side: str, units: int, threads: int, seconds: float, folder: Pat
         if "report_errors" in played:  # the game's reports the daemon refused or did not answer
             figures["report_errors"] = played["report_errors"]
         figures["tokens_per_s"] = load.rate(t0, t1) if load else 0.0
+        figures["ttft_p50_ms"], figures["ttft_p99_ms"] = load.first_token_ms(t0, t1) if load else (0.0, 0.0)
         if load is not None:
             load.close()
             figures["npc_errors"] = len(load.errors)
@@ -251,7 +271,8 @@ def scenario(args: argparse.Namespace) -> dict:
 
 def _line(f: dict) -> str:
     return (f"p50 {f['p50']:.1f} p99 {f['p99']:.1f} p99.9 {f['p999']:.1f} ms, late {f['late_pct']:.2f}%, "
-            f"hitches {f['hitch_pct']:.2f}%, {f['tokens_per_s']:.1f} tok/s"
+            f"hitches {f['hitch_pct']:.2f}%, {f['tokens_per_s']:.1f} tok/s, "
+            f"NPC first token p50 {f.get('ttft_p50_ms', 0):.0f} p99 {f.get('ttft_p99_ms', 0):.0f} ms"
             + (f" | guard: {f['guard']['threads'] or 'plan'} threads, {f['guard']['source']}" if "guard" in f else ""))
 
 
@@ -262,11 +283,13 @@ def _median(rows: list[dict], key: str) -> float:
 
 def _table(threads: int, rows: dict[str, list[dict]]) -> None:
     print(f"\ngame on {threads} thread(s): medians over rounds")
-    print(f"  {'side':24} {'p50':>6} {'p99':>6} {'p99.9':>6} {'late %':>7} {'hitch %':>8} {'tok/s':>7}")
+    print(f"  {'side':24} {'p50':>6} {'p99':>6} {'p99.9':>6} {'late %':>7} {'hitch %':>8} {'tok/s':>7}"
+          f" {'NPC 1st tok p50':>16} {'p99 ms':>7}")
     for side, rs in rows.items():
         if rs:
             print(f"  {side:24} {_median(rs, 'p50'):6.1f} {_median(rs, 'p99'):6.1f} {_median(rs, 'p999'):6.1f} "
-                  f"{_median(rs, 'late_pct'):7.2f} {_median(rs, 'hitch_pct'):8.2f} {_median(rs, 'tokens_per_s'):7.1f}")
+                  f"{_median(rs, 'late_pct'):7.2f} {_median(rs, 'hitch_pct'):8.2f} {_median(rs, 'tokens_per_s'):7.1f}"
+                  f" {_median(rs, 'ttft_p50_ms'):16.0f} {_median(rs, 'ttft_p99_ms'):7.0f}")
     alone = rows.get("alone")
     off = rows.get("guard off")
     peer = rows.get("llama-server -t 1")

@@ -87,6 +87,7 @@ async def serve_local(settings: Settings, lifecycle: DaemonLifecycle, ready: asy
                                                    kv_type=engine.config.kv_type, micro_batch=micro_batch),
             service.state, lambda: gpu_free_bytes(engine.config.device),
             ram_bytes=settings.ram_budget_bytes, ram_rule=RamRule(settings),
+            on_ram_shares=lambda shares: service.memories.set_max_total(shares.memories_max),
         )
         await service.budget_control.fit_to_measured()
         guard_task = _start_frame_guard(settings, service, engine)

@@ -55,6 +55,17 @@ def test_bounds_evict_the_least_used_then_oldest() -> None:
     assert first.id in {m.id for m in store.listing()[0]}
 
 
+def test_a_lowered_bound_lets_the_least_used_go_at_once() -> None:
+    store = MemoryStore(4, max_per_scope=10, max_total=10)
+    kept, *rest = store.add("s", ["1", "2", "3", "4"], np.stack([unit(1), unit(0, 1), unit(0, 0, 1), unit(1, 1)]))
+    store.mark_used([kept])
+    assert store.set_max_total(2) == 2 and len(store) == 2
+    assert kept.id in {m.id for m in store.listing()[0]}
+    assert store.max_per_scope == 2  # a scope is never allowed more than the store
+    with pytest.raises(InvalidArgument):
+        store.set_max_total(0)
+
+
 def test_removal_keeps_rows_and_memories_aligned() -> None:
     store = MemoryStore(4, 100, 100)
     vectors = np.stack([unit(*(np.eye(4)[i % 4] + 0.1 * i)) for i in range(10)])

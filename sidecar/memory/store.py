@@ -121,6 +121,19 @@ class MemoryStore:
                 added.append(memory)
         return added
 
+    def set_max_total(self, max_total: int) -> int:
+        """A new bound on memories in all (a RAM budget changed: footprint.py); the least used
+        leave until the store is within it, and a scope is never allowed more. Returns how many left."""
+        if max_total < 1:
+            raise InvalidArgument("memory bounds must be at least 1")
+        with self._lock:
+            before = self.evicted
+            self.max_total = max_total
+            self.max_per_scope = min(self.max_per_scope, max_total)
+            while len(self._where) > self.max_total:
+                self._evict_anywhere()
+            return self.evicted - before
+
     def restore(self, memories: list[Memory], vectors: np.ndarray) -> list[Memory]:
         """Memories from a save: their texts, times, uses and origins kept, under new ids (ids are
         this daemon's own), within the bounds like any other."""

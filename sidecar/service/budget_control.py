@@ -76,8 +76,10 @@ class BudgetControl:
     """Owns the budget in force. Used from the daemon's event loop only."""
 
     def __init__(self, engine: Backend, budget: Budget, plan: PlanFn, state: StateHub, gpu_free: GpuFreeFn,
-                 *, ram_bytes: int = 0, ram_rule: RamRule | None = None) -> None:
+                 *, ram_bytes: int = 0, ram_rule: RamRule | None = None,
+                 on_ram_shares: Callable[[MemoryShares], None] = lambda shares: None) -> None:
         self.engine = engine
+        self._on_ram_shares = on_ram_shares  # what else a RAM budget sizes (NPC memory's store)
         self.budget = budget
         # The RAM budget in force (0: none): --ram-budget until SetBudget.ram_size changes it.
         self.ram_bytes = ram_bytes
@@ -140,6 +142,7 @@ class BudgetControl:
             config = shares.apply(self.engine.config)
             reloaded, pause_ms = await asyncio.wrap_future(self.engine.reload(config))
             self._shares, self.ram_bytes = shares, ram_bytes
+            self._on_ram_shares(shares)
             log.info(
                 "ram budget in force",
                 ram_budget=format_size(ram_bytes) if ram_bytes else "none",

@@ -129,6 +129,16 @@ class Memories:
         self.embedder = embedder
         log.info("memory ready", embedder=embedder.name, dims=embedder.dims)
 
+    def set_max_total(self, max_total: int) -> None:
+        """A RAM budget set at runtime bounds the memories as one given at launch would
+        (footprint.memories_within); past it the least used leave now."""
+        self.settings = replace(self.settings, max_total=max_total,
+                                max_per_scope=min(self.settings.max_per_scope, max_total))
+        if self.store is not None:
+            gone = self.store.set_max_total(max_total)
+            if gone:
+                log.info("memories let go under a lowered RAM budget", evicted=gone, max_total=max_total)
+
     def close(self) -> None:
         self._thread.shutdown(wait=False, cancel_futures=True)
 

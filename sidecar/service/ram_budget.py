@@ -33,6 +33,8 @@ class MemoryShares:
     # The sequences the plan's VRAM was sized for (launch): with the KV in VRAM, a bigger RAM
     # budget must not grow the KV past what the VRAM budget was planned to hold.
     planned_sequences: int
+    # The most memories NPC memory keeps under this budget (memory/footprint.py).
+    memories_max: int = 20_000
 
     def apply(self, config: EngineConfig) -> EngineConfig:
         """`config` with these shares; everything else (placement, threads) as it is."""
@@ -74,4 +76,5 @@ class RamRule:
             saved_sessions_bytes=s.saved_sessions_bytes,
             most_sequences=self._most,
             planned_sequences=self._planned,
+            memories_max=s.memories_max,
         )
