@@ -28,8 +28,8 @@ class RunningDaemon:
     # then it is in the file named by the listening line's token_file).
     token: str | None = None
     ws_address: str | None = None
-    # True when a thread keeps reading the log into log_lines after start (start_daemon's drain).
-    drained: bool = False
+    # The thread that keeps reading the log into log_lines after start (start_daemon's drain).
+    reader: threading.Thread | None = None
 
     def wait_for_event(self, wanted: str, timeout_s: float, after: int = 0) -> dict:
         """The first log line whose event is `wanted` past the first `after` such lines, as the
@@ -39,8 +39,8 @@ class RunningDaemon:
             found = [e for e in list(self.log_lines) if e.get("event") == wanted]
             if len(found) > after:
                 return found[after]
-            if self.drained:
-                if self.process.poll() is not None and not self._reader_alive():
+            if self.reader is not None:
+                if self.process.poll() is not None and not self.reader.is_alive():
                     break
                 time.sleep(0.02)
                 continue
@@ -52,9 +52,6 @@ class RunningDaemon:
             except ValueError:
                 continue
         raise AssertionError(f"no {wanted!r} line within {timeout_s} s: {[e.get('event') for e in self.log_lines]}")
-
-    def _reader_alive(self) -> bool:
-        return any(t.name == f"daemon-log-{self.process.pid}" and t.is_alive() for t in threading.enumerate())
 
     def client(self, **kwargs: object) -> SidecarClient:
         kwargs.setdefault("token", self.token)
@@ -125,8 +122,8 @@ def _keep_reading(daemon: RunningDaemon) -> None:
             except ValueError:
                 continue  # llama.cpp's own lines: read so the pipe never fills, not kept
 
-    daemon.drained = True
-    threading.Thread(target=read, name=f"daemon-log-{daemon.process.pid}", daemon=True).start()
+    daemon.reader = threading.Thread(target=read, name=f"daemon-log-{daemon.process.pid}", daemon=True)
+    daemon.reader.start()
 
 
 def stop_daemon(daemon: RunningDaemon) -> int:
