@@ -116,7 +116,7 @@ def worker_ask(spec: dict) -> dict:
     engine = Engine(config)
     time.sleep(3.0)  # the vision worker process starts beside the engine
     sampler.mark("idle")
-    images = engine._images  # the CPU encoder runs in the worker; its reply ends the encode phase
+    images = engine.images  # the CPU encoder runs in the worker; its reply ends the encode phase
     start, done = images._process.start, images._done
 
     def start_marked(*a):

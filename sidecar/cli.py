@@ -336,6 +336,12 @@ def _run_status(args: argparse.Namespace) -> int:
     print(f"sessions  {len(status.sessions)} of {status.limits.max_sessions}")
     for s in status.sessions:
         print(f"          {s.session_id}: {s.tokens} tokens")
+    print(f"requests  {t.requests_active} in a sequence, {t.requests_queued} queued")
+    for r in status.requests:
+        state = pb.RequestState.Name(r.state).removeprefix("REQUEST_STATE_").lower().replace("_", " ")
+        who = f"{r.request_id or '(no id)'}{f' ({r.session_id})' if r.session_id else ''}"
+        print(f"          {who}: {state}, prompt {r.prompt_tokens_done}/{r.prompt_tokens}, "
+              f"{r.tokens_generated} generated, {r.age_ms / 1000:.1f} s old")
     return 0
 
 

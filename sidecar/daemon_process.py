@@ -14,7 +14,8 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 
 from sidecar.client import SidecarClient
 
@@ -30,6 +31,14 @@ class RunningDaemon:
     ws_address: str | None = None
     # The thread that keeps reading the log into log_lines after start (start_daemon's drain).
     reader: threading.Thread | None = None
+    # The last lines that were not our JSON log (llama.cpp's, an abort's): what a daemon that died
+    # said last, for the test that saw it die.
+    other_lines: deque[str] = field(default_factory=lambda: deque(maxlen=40))
+
+    def last_words(self) -> str:
+        """Its exit status and last lines, for a test's message when it died."""
+        events = [json.dumps(e)[:400] for e in self.log_lines[-15:]]
+        return "\n".join([f"exit status {self.process.poll()}", *events, *self.other_lines])
 
     def wait_for_event(self, wanted: str, timeout_s: float, after: int = 0) -> dict:
         """The first log line whose event is `wanted` past the first `after` such lines, as the
@@ -120,7 +129,7 @@ def _keep_reading(daemon: RunningDaemon) -> None:
             try:
                 daemon.log_lines.append(json.loads(line))
             except ValueError:
-                continue  # llama.cpp's own lines: read so the pipe never fills, not kept
+                daemon.other_lines.append(line.rstrip()[:400])  # llama.cpp's own, an abort's
 
     daemon.reader = threading.Thread(target=read, name=f"daemon-log-{daemon.process.pid}", daemon=True)
     daemon.reader.start()

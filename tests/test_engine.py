@@ -196,7 +196,7 @@ def test_control_tokens_in_session_turns_stay_plain_text(engine: Engine) -> None
     for sid, text in (("inj", injected), ("honest", injected.replace("<|", "< |"))):
         for turn in ("hello", text):
             run(engine, GenerationSpec(prompt=Prompt(messages=(("user", turn),)), sampling=GREEDY, max_tokens=2, session_id=sid))
-        slot = next(s for s in engine._slots if s.session_id == sid)
+        slot = next(s for s in engine.slots if s.session_id == sid)
         cached[sid] = _control_tokens(engine.model, slot.cached)
     engine.end_session("inj")
     engine.end_session("honest")

@@ -62,7 +62,7 @@ def fuzzed(request: pytest.FixtureRequest) -> Iterator[tuple[RunningDaemon, Hear
     alive = running.process.poll() is None
     TALLY["crashes"] += not alive
     record_tally(request.config, "grammar fuzz tally", {k: TALLY[k] for k in ("requests", *FAILURES, "one-off gaps")})
-    assert alive, "the daemon died during the grammar fuzz"
+    assert alive, f"the daemon died during the grammar fuzz:\n{running.last_words()}"
     assert stop_daemon(running) == 0
 
 
@@ -122,4 +122,5 @@ def test_fuzzed_grammars_never_crash_or_stall_the_daemon(fuzzed, grammar: str, t
     if stalled:
         TALLY["stalls"] += 1
     grown = {k: TALLY[k] - before[k] for k in FAILURES if TALLY[k] > before[k]}
-    assert not grown, (grown, code, f"{gap:.0f} ms", grammar[:300])
+    died = daemon.last_words() if daemon.process.poll() is not None else ""
+    assert not grown, (grown, code, f"{gap:.0f} ms", grammar[:300], died)

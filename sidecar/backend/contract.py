@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Callable, Protocol, runtime_checkable
 from sidecar.backend.engine_config import EngineConfig
 from sidecar.backend.load_report import LoadReport
 from sidecar.backend.phase import EnginePhase
+from sidecar.backend.request_state import RequestView
 from sidecar.backend.requests import GenerationSpec, Job, Sink
 from sidecar.backend.sessions import SessionView
 from sidecar.backend.stats import ThroughputSnapshot
@@ -86,6 +87,7 @@ class BackendSnapshot:
     kv_sequences_max: int = 0
     saved_sessions_bytes: int = 0
     vision_worker_bytes: int = 0  # the CPU encoder's process, resident now
+    requests: tuple[RequestView, ...] = ()  # each request the engine holds (request_state.py)
 
 
 class ModelOps(Protocol):

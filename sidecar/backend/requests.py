@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Union
 
+from sidecar.backend.request_state import RequestState
 from sidecar.backend.sampling import SamplingConfig
 from sidecar.errors import InvalidArgument, SidecarError
 from sidecar.vision.image_input import RgbImage
@@ -215,7 +216,7 @@ class Job:
     # Its prompt as built on the prompt thread (prompt_prep.Prebuilt), and the error that refused
     # it there; set before the engine thread sees the job.
     prebuilt: object | None = None
-    prep_error: Exception | None = None
+    prep_error: SidecarError | None = None
     # Its image's embeddings (or the error encoding it raised) once the vision worker has answered;
     # set from the worker's reply thread (image_encodes.py).
     encoded: object | None = None
@@ -224,6 +225,13 @@ class Job:
     # the session (and its version) it was resolved against; engine thread only.
     resent: GenerationSpec | None = None
     resolved_against: tuple[object, int] | None = None
+    # Where it is (request_state.py): written by the thread that moves it on, read by status.
+    state: RequestState = RequestState.PREPARING
+
+    def end(self, last: Event) -> None:
+        """Send its last event (the final chunk, or the error that ends it)."""
+        self.state = RequestState.FINISHED
+        self.sink(last)
 
     def cancel(self) -> None:
         """Ask the engine to stop this request; it ends within one step with reason CANCELLED."""

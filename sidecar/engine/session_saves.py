@@ -74,7 +74,7 @@ def export_on_engine(engine, session_ids: list[str], include_kv: bool) -> tuple[
         kv, why = _kv_of(engine, session) if include_kv else (None, "include_kv was not asked for")
         if kv is not None:
             try:
-                layout = read_layout(kv.state, max_cells=engine._ctx.ctx_per_seq)
+                layout = read_layout(kv.state, max_cells=engine.ctx.ctx_per_seq)
             except StateLayoutError as e:
                 # Sliding-window and recurrent models keep other state: not saved as KV (yet).
                 kv, why = None, f"this model's state is not one the save format reads: {e}"
@@ -91,7 +91,7 @@ def export_on_engine(engine, session_ids: list[str], include_kv: bool) -> tuple[
 
 def our_fingerprint(engine, layers: int = 0) -> apb.KvFingerprint:
     return fingerprint(engine.config.model_path, model_name=engine.facts.name,
-                       context_per_session=engine._ctx.ctx_per_seq, kv_type=engine.config.kv_type, layers=layers)
+                       context_per_session=engine.ctx.ctx_per_seq, kv_type=engine.config.kv_type, layers=layers)
 
 
 def _record(session: Session) -> apb.SavedSession:
@@ -109,9 +109,9 @@ def _record(session: Session) -> apb.SavedSession:
 
 
 def _kv_of(engine, session: Session) -> tuple[apb.SavedKv | None, str]:
-    slot = next((s for s in engine._slots if s.session_id == session.session_id and session.seq == s.seq), None)
+    slot = next((s for s in engine.slots if s.session_id == session.session_id and session.seq == s.seq), None)
     if slot is not None and slot.cached:
-        state, tokens = engine._ctx.save(slot.seq), list(slot.cached)
+        state, tokens = engine.ctx.save(slot.seq), list(slot.cached)
     elif session.saved_state is not None:
         state, tokens = session.saved_state, list(session.saved_tokens)
     else:
@@ -125,7 +125,7 @@ def import_on_engine(engine, archive: apb.SessionArchive, ours: apb.KvFingerprin
     """Add the archive's sessions (already read and checked: save_format.open_archive), all or
     none. Engine thread."""
     ids = {s.session_id for s in archive.sessions}
-    busy = [s.session_id for s in engine._slots if s.busy and s.session_id in ids]
+    busy = [s.session_id for s in engine.slots if s.busy and s.session_id in ids]
     if busy:
         raise FailedPrecondition(f"session {busy[0]!r} has a turn in flight; import once it ends")
     same_model = archive.fingerprint.model_digest == ours.model_digest
@@ -157,9 +157,9 @@ def import_on_engine(engine, archive: apb.SessionArchive, ours: apb.KvFingerprin
             infos.append(SavedInfo(saved.session_id, session.tokens, 0, TEXT, reason))
         sessions.append(session)
     engine.sessions.put_all(sessions, replace=replace)  # the last refusal it can meet: nothing changed before
-    for slot in engine._slots:
+    for slot in engine.slots:
         if slot.session_id in ids:  # the sequence a replaced session had: its next turn binds the import
-            engine._ctx.clear(slot.seq)
+            engine.ctx.clear(slot.seq)
             slot.cached, slot.session_id = [], None
     engine.sessions.keep_saved_within()
     dropped = {s.session_id for s in sessions if s.imported == KV and s.saved_state is None}

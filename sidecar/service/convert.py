@@ -12,6 +12,7 @@ from sidecar.budget import Budget
 from sidecar.backend.contract import BackendSnapshot, RequestLimits
 from sidecar.backend.engine_config import EngineConfig
 from sidecar.backend.load_report import is_vram
+from sidecar.backend.request_state import RequestView
 from sidecar.backend.requests import (
     DEFAULT_MAX_TOKENS,
     IMAGE_MARKER,
@@ -388,6 +389,19 @@ def status_to_pb(
         uptime_s=uptime_s,
         listen_addresses=listen_addresses,
         prefix_cache=prefix_cache_to_pb(snap),
+        requests=[request_to_pb(r) for r in snap.requests],
+    )
+
+
+def request_to_pb(r: RequestView) -> pb.RequestInfo:
+    return pb.RequestInfo(
+        request_id=r.request_id,
+        session_id=r.session_id,
+        state=pb.RequestState.Value("REQUEST_STATE_" + r.state.name),
+        prompt_tokens=r.prompt_tokens,
+        prompt_tokens_done=r.prompt_tokens_done,
+        tokens_generated=r.tokens_generated,
+        age_ms=r.age_ms,
     )
 
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from typing import TYPE_CHECKING
 
+from sidecar.backend.request_state import RequestView
 from sidecar.backend.requests import ImageReport, Job, TokenLogprob
 from sidecar.backend.sessions import Session
 from sidecar.backend.text_stream import TextStream
@@ -73,3 +74,29 @@ class Slot:
     @property
     def busy(self) -> bool:
         return self.active is not None
+
+
+MAX_LISTED = 256  # requests status lists (the proto's promise): a flood of queued ones stays bounded
+
+
+def request_views(slots: list[Slot], waiting, now: float) -> tuple[RequestView, ...]:
+    """Every request the engine holds as status shows it, the oldest first. Built on the engine
+    thread between two passes; status reads the tuple from another thread, never the slots and
+    the waiting queue it is built from."""
+    views = [_view(s.active.job, s.active, now) for s in slots if s.active is not None]
+    views += [_view(job, None, now) for job in waiting]
+    views.sort(key=lambda v: -v.age_ms)
+    return tuple(views[:MAX_LISTED])
+
+
+def _view(job: Job, active: ActiveRequest | None, now: float) -> RequestView:
+    prompt = active.prompt_tokens if active is not None else job.prompt_tokens
+    return RequestView(
+        request_id=job.spec.request_id,
+        session_id=job.spec.session_id or "",
+        state=job.state,
+        prompt_tokens=len(prompt) if prompt is not None else 0,
+        prompt_tokens_done=active.fed if active is not None else 0,
+        tokens_generated=active.generated if active is not None else 0,
+        age_ms=(now - job.submitted_at) * 1000.0,
+    )

@@ -1,17 +1,17 @@
 """Which sequence a new request goes to, and freeing one an idle session holds.
 
 The choice is pure (slots, sessions, the request's prompt tokens in; a slot out); only `evict`
-touches llama.cpp, to move a session's cache to host memory when every free sequence is taken.
+touches the KV cache (KvCells), to move a session's cache to host memory when every free sequence
+is taken.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Protocol
 
 import structlog
 
-from sidecar.native.context import NativeContext
 from sidecar.backend.requests import Job
 from sidecar.backend.sessions import SessionStore
 from sidecar.engine.scheduling.slot import Slot
@@ -21,6 +21,15 @@ log = structlog.get_logger("engine")
 # The prompt tokens of a one-off request (tokenized on first ask), or None when it cannot be
 # tokenized here (starting it reports why).
 PromptTokens = Callable[[Job], "list[int] | None"]
+
+
+class KvCells(Protocol):
+    """What choosing a sequence may do to the KV cache (NativeContext does it in llama.cpp): an
+    evicted session's cells saved to host memory, then cleared."""
+
+    def save(self, seq: int) -> bytes: ...
+
+    def clear(self, seq: int) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -34,9 +43,9 @@ class SlotChoice:
 def choose_slot(job: Job, slots: list[Slot], sessions: SessionStore, prompt_tokens: PromptTokens) -> SlotChoice | None:
     """The sequence for `job`, or None while it must wait (no free sequence, or its session is
     mid-turn elsewhere: one turn at a time per NPC)."""
-    sid = job.spec.session_id
-    if sid and any(s.busy and s.session_id == sid for s in slots):
+    if session_mid_turn(job, slots):
         return None
+    sid = job.spec.session_id
     free = [s for s in slots if not s.busy]
     if not free:
         return None
@@ -49,6 +58,12 @@ def choose_slot(job: Job, slots: list[Slot], sessions: SessionStore, prompt_toke
     if unowned:
         return SlotChoice(max(unowned, key=lambda s: preference(s, job, prompt_tokens)))
     return SlotChoice(min(free, key=lambda s: s.last_used), evict=True)
+
+
+def session_mid_turn(job: Job, slots: list[Slot]) -> bool:
+    """Whether an earlier turn of `job`'s session is replying in a sequence now."""
+    sid = job.spec.session_id
+    return bool(sid) and any(s.busy and s.session_id == sid for s in slots)
 
 
 def preference(slot: Slot, job: Job, prompt_tokens: PromptTokens) -> tuple:
@@ -81,7 +96,7 @@ def common_prefix(cached: list[int], tokens: list[int]) -> int:
     return n
 
 
-def evict(slot: Slot, ctx: NativeContext, sessions: SessionStore) -> None:
+def evict(slot: Slot, ctx: KvCells, sessions: SessionStore) -> None:
     """Move the sequence's session to host memory and free the sequence."""
     session = sessions.get(slot.session_id) if slot.session_id else None
     if session is not None and slot.cached:

@@ -400,6 +400,18 @@ namespace Xlm.Sidecar.Grpc
                     new ProtoField(13, "frameGuard", ProtoType.Message, "xlm.v1.FrameGuardState"),
                     new ProtoField(14, "saves", ProtoType.Message, "xlm.v1.SaveActivity"),
                     new ProtoField(15, "memories", ProtoType.Message, "xlm.v1.MemoryStatus"),
+                    new ProtoField(16, "requests", ProtoType.Message, "xlm.v1.RequestInfo", repeated: true),
+                }
+            },
+            { "xlm.v1.RequestInfo", new ProtoField[]
+                {
+                    new ProtoField(1, "requestId", ProtoType.String, null),
+                    new ProtoField(2, "sessionId", ProtoType.String, null),
+                    new ProtoField(3, "state", ProtoType.Enum, "xlm.v1.RequestState"),
+                    new ProtoField(4, "promptTokens", ProtoType.UInt32, null),
+                    new ProtoField(5, "promptTokensDone", ProtoType.UInt32, null),
+                    new ProtoField(6, "tokensGenerated", ProtoType.UInt32, null),
+                    new ProtoField(7, "ageMs", ProtoType.Double, null),
                 }
             },
             { "xlm.v1.Memory", new ProtoField[]
@@ -613,6 +625,7 @@ namespace Xlm.Sidecar.Grpc
             { "xlm.v1.ProfileState", new[] { "PROFILE_STATE_UNSPECIFIED", "PROFILE_STATE_MEASURED", "PROFILE_STATE_DEFAULTS", "PROFILE_STATE_REFRESHING", "PROFILE_STATE_OFF" } },
             { "xlm.v1.Placement", new[] { "PLACEMENT_UNSPECIFIED", "PLACEMENT_FULL_GPU", "PLACEMENT_STATIC", "PLACEMENT_DYNAMIC", "PLACEMENT_GPU_STREAMING", "PLACEMENT_CPU_ONLY" } },
             { "xlm.v1.TierPhase", new[] { "TIER_PHASE_UNSPECIFIED", "TIER_PHASE_DECODE", "TIER_PHASE_PREFILL" } },
+            { "xlm.v1.RequestState", new[] { "REQUEST_STATE_UNSPECIFIED", "REQUEST_STATE_PREPARING", "REQUEST_STATE_WAITING_FOR_SEQUENCE", "REQUEST_STATE_WAITING_FOR_TURN", "REQUEST_STATE_WAITING_FOR_IMAGE", "REQUEST_STATE_WAITING_FOR_PREFIX", "REQUEST_STATE_PREFILLING", "REQUEST_STATE_DECODING" } },
         };
 
         internal static readonly Dictionary<string, ProtoMethod> Methods = new Dictionary<string, ProtoMethod>

@@ -55,6 +55,17 @@ class TierPhase(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TIER_PHASE_UNSPECIFIED: _ClassVar[TierPhase]
     TIER_PHASE_DECODE: _ClassVar[TierPhase]
     TIER_PHASE_PREFILL: _ClassVar[TierPhase]
+
+class RequestState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    REQUEST_STATE_UNSPECIFIED: _ClassVar[RequestState]
+    REQUEST_STATE_PREPARING: _ClassVar[RequestState]
+    REQUEST_STATE_WAITING_FOR_SEQUENCE: _ClassVar[RequestState]
+    REQUEST_STATE_WAITING_FOR_TURN: _ClassVar[RequestState]
+    REQUEST_STATE_WAITING_FOR_IMAGE: _ClassVar[RequestState]
+    REQUEST_STATE_WAITING_FOR_PREFIX: _ClassVar[RequestState]
+    REQUEST_STATE_PREFILLING: _ClassVar[RequestState]
+    REQUEST_STATE_DECODING: _ClassVar[RequestState]
 FINISH_REASON_UNSPECIFIED: FinishReason
 FINISH_REASON_STOP: FinishReason
 FINISH_REASON_LENGTH: FinishReason
@@ -86,6 +97,14 @@ PLACEMENT_CPU_ONLY: Placement
 TIER_PHASE_UNSPECIFIED: TierPhase
 TIER_PHASE_DECODE: TierPhase
 TIER_PHASE_PREFILL: TierPhase
+REQUEST_STATE_UNSPECIFIED: RequestState
+REQUEST_STATE_PREPARING: RequestState
+REQUEST_STATE_WAITING_FOR_SEQUENCE: RequestState
+REQUEST_STATE_WAITING_FOR_TURN: RequestState
+REQUEST_STATE_WAITING_FOR_IMAGE: RequestState
+REQUEST_STATE_WAITING_FOR_PREFIX: RequestState
+REQUEST_STATE_PREFILLING: RequestState
+REQUEST_STATE_DECODING: RequestState
 
 class ChatMessage(_message.Message):
     __slots__ = ("role", "content")
@@ -666,7 +685,7 @@ class Limits(_message.Message):
     def __init__(self, max_sessions: _Optional[int] = ..., context_per_session: _Optional[int] = ..., max_prompt_tokens: _Optional[int] = ..., max_tokens_per_request: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., max_image_bytes: _Optional[int] = ...) -> None: ...
 
 class Status(_message.Message):
-    __slots__ = ("version", "phase", "model", "budget", "schedule", "memory", "throughput", "sessions", "limits", "uptime_s", "listen_addresses", "vision", "prefix_cache", "profile", "frame_guard", "saves", "memories")
+    __slots__ = ("version", "phase", "model", "budget", "schedule", "memory", "throughput", "sessions", "limits", "uptime_s", "listen_addresses", "vision", "prefix_cache", "profile", "frame_guard", "saves", "memories", "requests")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -684,6 +703,7 @@ class Status(_message.Message):
     FRAME_GUARD_FIELD_NUMBER: _ClassVar[int]
     SAVES_FIELD_NUMBER: _ClassVar[int]
     MEMORIES_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
     version: str
     phase: EnginePhase
     model: ModelInfo
@@ -701,7 +721,26 @@ class Status(_message.Message):
     frame_guard: FrameGuardState
     saves: SaveActivity
     memories: MemoryStatus
-    def __init__(self, version: _Optional[str] = ..., phase: _Optional[_Union[EnginePhase, str]] = ..., model: _Optional[_Union[ModelInfo, _Mapping]] = ..., budget: _Optional[_Union[Budget, _Mapping]] = ..., schedule: _Optional[_Union[Schedule, _Mapping]] = ..., memory: _Optional[_Union[MemoryUse, _Mapping]] = ..., throughput: _Optional[_Union[Throughput, _Mapping]] = ..., sessions: _Optional[_Iterable[_Union[SessionInfo, _Mapping]]] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., uptime_s: _Optional[float] = ..., listen_addresses: _Optional[_Iterable[str]] = ..., vision: _Optional[_Union[VisionStatus, _Mapping]] = ..., prefix_cache: _Optional[_Union[PrefixCacheStatus, _Mapping]] = ..., profile: _Optional[_Union[ProfileProgress, _Mapping]] = ..., frame_guard: _Optional[_Union[FrameGuardState, _Mapping]] = ..., saves: _Optional[_Union[SaveActivity, _Mapping]] = ..., memories: _Optional[_Union[MemoryStatus, _Mapping]] = ...) -> None: ...
+    requests: _containers.RepeatedCompositeFieldContainer[RequestInfo]
+    def __init__(self, version: _Optional[str] = ..., phase: _Optional[_Union[EnginePhase, str]] = ..., model: _Optional[_Union[ModelInfo, _Mapping]] = ..., budget: _Optional[_Union[Budget, _Mapping]] = ..., schedule: _Optional[_Union[Schedule, _Mapping]] = ..., memory: _Optional[_Union[MemoryUse, _Mapping]] = ..., throughput: _Optional[_Union[Throughput, _Mapping]] = ..., sessions: _Optional[_Iterable[_Union[SessionInfo, _Mapping]]] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., uptime_s: _Optional[float] = ..., listen_addresses: _Optional[_Iterable[str]] = ..., vision: _Optional[_Union[VisionStatus, _Mapping]] = ..., prefix_cache: _Optional[_Union[PrefixCacheStatus, _Mapping]] = ..., profile: _Optional[_Union[ProfileProgress, _Mapping]] = ..., frame_guard: _Optional[_Union[FrameGuardState, _Mapping]] = ..., saves: _Optional[_Union[SaveActivity, _Mapping]] = ..., memories: _Optional[_Union[MemoryStatus, _Mapping]] = ..., requests: _Optional[_Iterable[_Union[RequestInfo, _Mapping]]] = ...) -> None: ...
+
+class RequestInfo(_message.Message):
+    __slots__ = ("request_id", "session_id", "state", "prompt_tokens", "prompt_tokens_done", "tokens_generated", "age_ms")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_DONE_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_GENERATED_FIELD_NUMBER: _ClassVar[int]
+    AGE_MS_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    session_id: str
+    state: RequestState
+    prompt_tokens: int
+    prompt_tokens_done: int
+    tokens_generated: int
+    age_ms: float
+    def __init__(self, request_id: _Optional[str] = ..., session_id: _Optional[str] = ..., state: _Optional[_Union[RequestState, str]] = ..., prompt_tokens: _Optional[int] = ..., prompt_tokens_done: _Optional[int] = ..., tokens_generated: _Optional[int] = ..., age_ms: _Optional[float] = ...) -> None: ...
 
 class Memory(_message.Message):
     __slots__ = ("id", "scope", "text", "tags", "created_unix_ms", "source", "session_id", "turn", "uses")

@@ -1,0 +1,132 @@
+"""A reply's tokens, on the engine thread after each pass: sampled, streamed, extended by what
+the grammar forces (jump_forward.py), and the reply ended where it ends (stop, stop string,
+length, a full context, an error of its own), its turn then kept in its session."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from sidecar.backend.request_state import RequestState
+from sidecar.backend.requests import FinishReason, TextDelta
+from sidecar.backend.text_stream import TextChunk
+from sidecar.engine.finish_report import finished
+from sidecar.engine.jump_forward import ForcedText
+from sidecar.engine.scheduling.slot import ActiveRequest, Slot
+from sidecar.engine.session_turn import remember_turn
+from sidecar.engine.token_logprobs import logprob_at, take
+from sidecar.errors import SidecarError
+
+if TYPE_CHECKING:  # the engine imports this module
+    from sidecar.engine.engine import Engine
+
+
+def sample_next(engine: Engine, slot: Slot, index: int, now: float) -> None:
+    """The pass left logits for `slot` at `index`: sample its next token, send it, append what the
+    grammar forces after it, and end the reply where it ends."""
+    a = slot.active
+    assert a is not None  # only a slot that serves a request samples, emits or ends
+    if a.prefill_done_at is None:
+        a.prefill_done_at = now
+        a.job.state = RequestState.DECODING
+    try:
+        token = a.sampler.sample(engine.ctx.ptr, index)
+    except SidecarError as e:  # a grammar that left no token, or cost too much: this request only
+        fail(engine, slot, e)
+        return
+    if a.first_token_at is None:
+        a.first_token_at = time.perf_counter()
+    if engine.model.is_end_of_generation(token):
+        finish(engine, slot, FinishReason.STOP)
+        return
+    if a.job.spec.logprobs is not None:
+        a.pending_logprobs.append(logprob_at(engine.ctx.ptr, index, engine.model.n_vocab, token,
+                                             a.job.spec.logprobs, engine.model.piece))
+    if _emit(engine, slot, token):
+        return
+    try:
+        forced, must_end = _forced_after(engine, slot)
+    except SidecarError as e:  # the jump's grammar work cost too much: this request only
+        fail(engine, slot, e)
+        return
+    for token in forced:
+        a.forced_tokens += 1
+        if _emit(engine, slot, token):
+            return
+    if must_end:  # the grammar is complete: its end token would be the next pass's only choice
+        finish(engine, slot, FinishReason.STOP)
+
+
+def _emit(engine: Engine, slot: Slot, token: int) -> bool:
+    """Send a token of the reply and queue it for the next pass; True when the reply ended."""
+    a = slot.active
+    assert a is not None  # only a slot that serves a request samples, emits or ends
+    a.generated += 1
+    _send(a, a.stream.push(token, engine.model.piece(token)))
+    if a.stream.stopped:
+        finish(engine, slot, FinishReason.STOP_STRING)
+    elif a.generated >= a.job.spec.max_tokens:
+        finish(engine, slot, FinishReason.LENGTH)
+    elif len(slot.cached) + len(a.next_tokens) >= engine.ctx.ctx_per_seq:
+        finish(engine, slot, FinishReason.CONTEXT_FULL)
+    else:
+        a.next_tokens.append(token)
+        return False
+    return True
+
+
+def _forced_after(engine: Engine, slot: Slot) -> tuple[list[int], bool]:
+    """The tokens the request's grammar forces next, accepted by its sampler (jump_forward.py),
+    and whether the grammar must then end. None without a grammar, with --no-jump-forward,
+    and with logprobs (a forced token has no distribution of its own to report)."""
+    a = slot.active
+    assert a is not None  # only a slot that serves a request samples, emits or ends
+    if a.sampler.grammar is None or not engine.config.jump_forward or a.job.spec.logprobs is not None:
+        return [], False
+    if engine.forced_text is None or engine.forced_text.model is not engine.model:
+        engine.forced_text = ForcedText(engine.model)
+    started = time.thread_time()
+    tokens, must_end = engine.forced_text.forced_tokens(a.sampler.grammar)
+    taken: list[int] = []
+    for token in tokens:
+        if not a.sampler.allows(token):  # the tokenizer's split is checked, token by token
+            break
+        a.sampler.accept(token)
+        taken.append(token)
+    a.sampler.charge_grammar_work(started)
+    return taken, must_end and len(taken) == len(tokens)
+
+
+def _send(a: ActiveRequest, chunk: TextChunk) -> None:
+    if chunk.text or chunk.token_ids:
+        a.reply.append(chunk.text)
+        a.job.sink(TextDelta(chunk.text, tuple(chunk.token_ids), take(a.pending_logprobs, len(chunk.token_ids))))
+
+
+def fail(engine: Engine, slot: Slot, error: SidecarError) -> None:
+    """End one request with an error after a pass that went well: its sequence's cache holds
+    what it was fed, and the other sequences go on."""
+    a = slot.active
+    assert a is not None  # only a slot that serves a request samples, emits or ends
+    slot.active = None
+    slot.last_used = time.perf_counter()
+    engine.sharing.abandon(a)
+    a.sampler.close()
+    engine.stats.record_request()
+    a.job.end(error)
+
+
+def finish(engine: Engine, slot: Slot, reason: FinishReason) -> None:
+    a = slot.active
+    assert a is not None  # only a slot that serves a request samples, emits or ends
+    slot.active = None
+    slot.last_used = time.perf_counter()
+    engine.sharing.abandon(a)
+    a.sampler.close()
+    if not a.stream.stopped:
+        _send(a, a.stream.finish())
+    ended = time.perf_counter()
+    if a.session is not None and engine.sessions.get(a.session.session_id) is a.session:
+        remember_turn(a.session, a, "".join(a.reply), slot.cached, engine.model)
+    engine.stats.record_request()
+    a.job.end(finished(a, reason, ended))
