@@ -57,6 +57,7 @@ CORE_OFFLINE = [
 CORE_LIVE = [
     "streaming_arrives_in_chunks_on_the_main_thread",
     "cancel_ends_the_call_and_frees_the_request",
+    "status_says_where_a_streaming_request_is",
     "session_reuse_hits_the_kv_cache",
     "npcs_reply_at_once_one_turn_each",
     "json_schema_mode_returns_a_structured_action",

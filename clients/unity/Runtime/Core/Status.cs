@@ -160,6 +160,21 @@ namespace Xlm.Sidecar
         public bool InKvCache;
     }
 
+    /// <summary>A request the daemon holds, and where it is: why an NPC has not answered yet.</summary>
+    public sealed class RequestInfo
+    {
+        public string RequestId;
+        public string SessionId;
+        /// <summary>"WAITING_FOR_SEQUENCE", "WAITING_FOR_TURN", "WAITING_FOR_IMAGE", "WAITING_FOR_PREFIX",
+        /// "PREFILLING" or "DECODING" (the proto's RequestState without its prefix).</summary>
+        public string State;
+        public uint PromptTokens;
+        /// <summary>Of PromptTokens, those in the KV cache (reused or computed).</summary>
+        public uint PromptTokensDone;
+        public uint TokensGenerated;
+        public double AgeMs;
+    }
+
     /// <summary>A snapshot for a debug overlay (GetStatus).</summary>
     public sealed class Status
     {
@@ -175,6 +190,8 @@ namespace Xlm.Sidecar
         public uint RequestsActive;
         public uint RequestsQueued;
         public List<SessionInfo> Sessions = new List<SessionInfo>();
+        /// <summary>Every request the daemon holds, oldest first.</summary>
+        public List<RequestInfo> Requests = new List<RequestInfo>();
         public uint MaxSessions;
         public uint ContextPerSession;
         public uint MaxTokensPerRequest;
@@ -229,6 +246,22 @@ namespace Xlm.Sidecar
                     Tokens = s.GetUInt32("tokens"),
                     LastUsedUnixMs = s.GetInt64("lastUsedUnixMs"),
                     InKvCache = s.GetBool("inKvCache"),
+                });
+            }
+            foreach (var item in json.GetArray("requests"))
+            {
+                var r = item as JsonObject;
+                if (r == null) continue;
+                var state = r.GetString("state");
+                status.Requests.Add(new RequestInfo
+                {
+                    RequestId = r.GetString("requestId"),
+                    SessionId = r.GetString("sessionId"),
+                    State = state.StartsWith("REQUEST_STATE_") ? state.Substring("REQUEST_STATE_".Length) : state,
+                    PromptTokens = r.GetUInt32("promptTokens"),
+                    PromptTokensDone = r.GetUInt32("promptTokensDone"),
+                    TokensGenerated = r.GetUInt32("tokensGenerated"),
+                    AgeMs = r.GetDouble("ageMs"),
                 });
             }
             foreach (var item in json.GetArray("listenAddresses"))

@@ -22,6 +22,7 @@ namespace Xlm.Sidecar.Tests
         {
             TestRunner.Add("streaming_arrives_in_chunks_on_the_main_thread", Streaming);
             TestRunner.Add("cancel_ends_the_call_and_frees_the_request", Cancel);
+            TestRunner.Add("status_says_where_a_streaming_request_is", StatusListsARequest);
             TestRunner.Add("session_reuse_hits_the_kv_cache", SessionReuse);
             TestRunner.Add("npcs_reply_at_once_one_turn_each", ManyNpcs);
             TestRunner.Add("json_schema_mode_returns_a_structured_action", StructuredAction);
@@ -56,7 +57,7 @@ namespace Xlm.Sidecar.Tests
             while (true)
             {
                 var status = await client.GetStatusAsync();
-                if (status.RequestsActive == 0 && status.RequestsQueued == 0)
+                if (status.RequestsActive == 0 && status.RequestsQueued == 0 && status.Requests.Count == 0)
                     return status;
                 if (clock.Elapsed > TimeSpan.FromSeconds(15))
                     throw new AssertionFailed("the daemon still has " + status.RequestsActive + " active requests");
@@ -112,6 +113,28 @@ namespace Xlm.Sidecar.Tests
                 // The socket is still good for the next call.
                 var next = await client.GenerateAsync(await Whole(client, "again", 4));
                 Check.Equal(4u, next.Usage.CompletionTokens, "a call after the cancel");
+            }
+        }
+
+        static async Task StatusListsARequest()
+        {
+            using (var client = NewClient())
+            using (var cancel = new CancellationTokenSource())
+            {
+                var request = await Whole(client, Endless, Long);
+                request.RequestId = "status-" + Guid.NewGuid().ToString("N");
+                var streaming = new TaskCompletionSource<bool>();
+                var call = client.GenerateAsync(request, chunk => streaming.TrySetResult(true), cancel.Token);
+                await streaming.Task;
+                var status = await client.GetStatusAsync();
+                var listed = status.Requests.Find(r => r.RequestId == request.RequestId);
+                Check.True(listed != null, "GetStatus lists the streaming request among " + status.Requests.Count);
+                Check.Equal("DECODING", listed.State, "its state");
+                Check.True(listed.PromptTokens > 0 && listed.PromptTokensDone == listed.PromptTokens, "its prompt is all in the cache");
+                Check.True(listed.TokensGenerated > 0 && listed.AgeMs > 0, "its tokens and age");
+                cancel.Cancel();
+                await Check.Throws<OperationCanceledException>(() => call, "the cancelled reply");
+                await WaitUntilIdle(client);  // which lists no request
             }
         }
 
