@@ -65,10 +65,12 @@ def long_text(daemon: RunningDaemon, long_ids: list[int]) -> str:
     return text
 
 
-def next_event(daemon: RunningDaemon, wanted: str, timeout_s: float) -> dict:
-    """The next log line whose event is `wanted`, after those already read."""
-    seen = sum(1 for e in daemon.log_lines if e.get("event") == wanted)
-    return daemon.wait_for_event(wanted, timeout_s, after=seen)
+def events_so_far(daemon: RunningDaemon, wanted: str) -> int:
+    """How many log lines of event `wanted` the daemon has written so far. Count them before
+    what causes the next one: the log is read as the daemon writes it (start_daemon's drain), so
+    a line counted after the cause may already be the one awaited (a bridge cancel is logged
+    before the client has read its CANCELLED frame)."""
+    return sum(1 for e in list(daemon.log_lines) if e.get("event") == wanted)
 
 
 def silence_ms(heartbeat: Heartbeat, since: float, until: float) -> float:
@@ -135,8 +137,9 @@ def _gone_then_quick(daemon: RunningDaemon, client: openai.OpenAI, long_ids: lis
     t0 = time.monotonic()
     client.embeddings.create(model="x", input=[long_ids])
     one_input_s = time.monotonic() - t0
+    seen = events_so_far(daemon, STOPPED)
     leave()
-    stopped = next_event(daemon, STOPPED, 60)
+    stopped = daemon.wait_for_event(STOPPED, 60, after=seen)
     t1 = time.monotonic()
     assert len(client.embeddings.create(model="x", input=[long_ids]).data) == 1
     assert time.monotonic() - t1 < 3 * one_input_s, "the next call waited behind the abandoned one"
