@@ -304,6 +304,9 @@ class Engine:
                 self.model_calls.take(message)
                 continue
             self._admit()
+            # Published before the pass too: a first prefill can take seconds, and status would
+            # show the requests just admitted as they were before it.
+            self.requests = request_views(self.slots, self._waiting, time.perf_counter())
             if any(s.busy for s in self.slots):
                 self.busy_since = self.busy_since or time.monotonic()
                 self._pass_safely()
