@@ -106,23 +106,13 @@ def _send(a: ActiveRequest, chunk: TextChunk) -> None:
 def fail(engine: Engine, slot: Slot, error: SidecarError) -> None:
     """End one request with an error after a pass that went well: its sequence's cache holds
     what it was fed, and the other sequences go on."""
-    a = slot.active
-    assert a is not None  # only a slot that serves a request samples, emits or ends
-    slot.active = None
-    slot.last_used = time.perf_counter()
-    engine.sharing.abandon(a)
-    a.sampler.close()
+    a = _release(engine, slot)
     engine.stats.record_request()
     a.job.end(error)
 
 
 def finish(engine: Engine, slot: Slot, reason: FinishReason) -> None:
-    a = slot.active
-    assert a is not None  # only a slot that serves a request samples, emits or ends
-    slot.active = None
-    slot.last_used = time.perf_counter()
-    engine.sharing.abandon(a)
-    a.sampler.close()
+    a = _release(engine, slot)
     if not a.stream.stopped:
         _send(a, a.stream.finish())
     ended = time.perf_counter()
@@ -130,3 +120,15 @@ def finish(engine: Engine, slot: Slot, reason: FinishReason) -> None:
         remember_turn(a.session, a, "".join(a.reply), slot.cached, engine.model)
     engine.stats.record_request()
     a.job.end(finished(a, reason, ended))
+
+
+def _release(engine: Engine, slot: Slot) -> ActiveRequest:
+    """Free the sequence of the request it serves (its cache stays), and that request's sampler
+    and any prefix it was computing for others; the request, for its last event."""
+    a = slot.active
+    assert a is not None  # only a slot that serves a request ends one
+    slot.active = None
+    slot.last_used = time.perf_counter()
+    engine.sharing.abandon(a)
+    a.sampler.close()
+    return a
