@@ -20,7 +20,7 @@ def json_schema_grammar(schema: str) -> str:
         gbnf = json_schema_to_gbnf(schema)
     except Exception as e:  # the converter raises bare Exceptions/KeyErrors on schemas it cannot express
         raise InvalidArgument(f"json_schema cannot be turned into a grammar: {e}") from e
-    return compact(gbnf)
+    return strict_strings(compact(gbnf))
 
 
 # The converter lets the model put one optional space after every brace, key, colon, comma and
@@ -36,3 +36,18 @@ def compact(gbnf: str) -> str:
     """The converter's grammar with its optional space between JSON tokens fixed to none."""
     lines = gbnf.split("\n")
     return "\n".join(_COMPACT_SPACE if line.strip() == _CONVERTER_SPACE else line for line in lines)
+
+
+# The converter (llama-cpp-python 0.3.36) lets a JSON string hold any character but `"` and `\\`,
+# raw control characters included; JSON forbids them unescaped (RFC 8259, section 7). Sampled at a
+# temperature, a small model did write a raw newline inside a key (`{",\n":false}`), a reply no JSON
+# parser reads. llama.cpp's own converter excludes U+0000-U+001F and U+007F; so do we.
+_CONVERTER_CHAR = 'char ::= [^"\\\\] |'
+_STRICT_CHAR = 'char ::= [^"\\\\\\x7F\\x00-\\x1F] |'
+
+
+def strict_strings(gbnf: str) -> str:
+    """The converter's grammar with control characters kept out of JSON strings: they must be escaped."""
+    lines = gbnf.split("\n")
+    return "\n".join(_STRICT_CHAR + line[len(_CONVERTER_CHAR):] if line.startswith(_CONVERTER_CHAR) else line
+                     for line in lines)
