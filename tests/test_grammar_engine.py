@@ -108,3 +108,31 @@ def test_a_grammar_that_holds_still_runs_to_its_end(engine: Engine) -> None:
     final = Outcome(engine, spec('root ::= "Aye" | "Nay"', 0.0)).wait()
     assert isinstance(final, Finished) and not isinstance(final, SidecarError)
     assert final.reason is FinishReason.STOP
+
+
+def _token(engine: Engine, text: str) -> int:
+    tokens = engine.call_model(lambda m: m.tokenize(text, False, False)).result(60)
+    assert len(tokens) == 1, f"{text!r} is {len(tokens)} tokens in this vocabulary"
+    return tokens[0]
+
+
+def test_a_repeated_token_reference_runs_where_the_tokenizer_would_split_it_otherwise(engine: Engine) -> None:
+    # "!!!!!" as the tokenizer writes it is "!!" "!!" "!": jump-forward fed that split to the
+    # grammar, which wants token "!" five times, and llama.cpp's exception ended the process.
+    bang = _token(engine, "!")
+    neighbour, outcome = beside(engine, spec(f"root ::= <[{bang}]>{{5}}", 0.0))
+    final = outcome.wait()
+    assert isinstance(final, Finished) and final.reason is FinishReason.STOP, final
+    assert [t for d in outcome.deltas for t in d.token_ids] == [bang] * 5
+    assert isinstance(neighbour.wait(), Finished) and neighbour.tokens == 48
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+def test_a_token_the_grammar_allows_but_cannot_accept_ends_its_request_only(engine: Engine, temperature: float) -> None:
+    # `"!" <[id of "!!"]>` with "!" banned: llama.cpp's apply allows "!!" first, its accept throws.
+    bang, double = _token(engine, "!"), _token(engine, "!!")
+    sampling = SamplingConfig(temperature=temperature, seed=7, logit_bias=((bang, -100.0),))
+    neighbour, bad = beside(engine, spec(f'root ::= "!" <[{double}]>', temperature, sampling=sampling))
+    error = bad.wait()
+    assert isinstance(error, InvalidArgument) and "token reference" in str(error), error
+    assert isinstance(neighbour.wait(), Finished) and neighbour.tokens == 48

@@ -64,10 +64,19 @@ def heartbeat(daemon: RunningDaemon) -> Iterator[Heartbeat]:
     beat.stop()
 
 
-def _q_token(daemon: RunningDaemon) -> int:
+def _q_token(daemon: RunningDaemon, text: str = "Q") -> int:
     with daemon.client(timeout_s=60) as c:
-        (token,) = c.tokenize("Q")
+        (token,) = c.tokenize(text)
     return token
+
+
+def _reference_after_characters(daemon: RunningDaemon) -> tuple[str, str]:
+    # llama.cpp's grammar allows "!!" first here (a reference matched after "!") and then throws
+    # when it is accepted: SIGABRT, every NPC with it (grammar_accept.py). "!" banned, it is the
+    # only token allowed.
+    bang, double = _q_token(daemon, "!"), _q_token(daemon, "!!")
+    return _grpc(daemon, grammar=f'root ::= "!" <[{double}]>',
+                 sampling=pb.SamplingParams(temperature=0.7, logit_bias={bang: -100.0}))
 
 
 def _grpc(daemon: RunningDaemon, **fields) -> tuple[str, str]:
@@ -106,6 +115,8 @@ CASES = {
                                          "work on one token"),
     "grpc chain of 2000 optional rules": (lambda d: _grpc(d, grammar=CHAIN), "INVALID_ARGUMENT", "CPU"),
     "grpc alternation of 20000 literals": (lambda d: _grpc(d, grammar=ALTERNATION), "INVALID_ARGUMENT", "CPU"),
+    "grpc a token reference after characters": (_reference_after_characters, "INVALID_ARGUMENT", "token reference"),
+    "grpc a repeated token reference": (lambda d: _grpc(d, grammar=f"root ::= <[{_q_token(d, '!')}]>{{5}}"), "OK", ""),
     "bridge no character": (lambda d: _bridge(d, grammar=NO_CHARACTER), "INVALID_ARGUMENT", "admits no token"),
     "bridge nested repetition": (lambda d: _bridge(d, jsonSchema=NESTED), "INVALID_ARGUMENT", "multiply"),
     "http chat no character": (lambda d: _http(d, "/v1/chat/completions", {

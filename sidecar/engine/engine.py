@@ -112,7 +112,8 @@ class Engine:
         # guard tells what runs beside a reply from what runs between replies.
         self.busy_since: float | None = None
         self._governor = GovernedThreads()
-        self.forced_text: ForcedText | None = None  # built on the first grammar request
+        # What grammars force (jump_forward.py): built with the model, never on a request's time.
+        self.forced_text = ForcedText(self.model) if config.jump_forward else None
         self.pass_limiter = PassLimiter()  # the frame guard's (sidecar.guard)
         # Embedding passes run between the streams' passes, under the same frame guard.
         self.model_calls = ModelCalls(lambda: self.model,

@@ -26,10 +26,12 @@ differently split key).
 from __future__ import annotations
 
 import bisect
+import ctypes
 
 import llama_cpp
 import numpy as np
 
+from sidecar.native.grammar_accept import NO_REFS, TokenRefs, accept_throws
 from sidecar.native.model import NativeModel
 from sidecar.native.token_candidates import TokenCandidates
 
@@ -44,24 +46,34 @@ class ForcedText:
     """What a grammar forces next, for one model's vocabulary (built once: one pass over it)."""
 
     def __init__(self, model: NativeModel) -> None:
+        # Built when the model loads (engine.py, reload.py), not at the first grammar request:
+        # one pass over a 49k vocabulary took 460 ms, and on the engine thread every NPC waited.
+        # Each piece read once, as ctypes calls: about 200 ms.
         self.model = model
+        vocab, n_vocab = model.vocab, model.n_vocab
+        buffer = ctypes.create_string_buffer(256)
+        to_piece, is_eog = llama_cpp.llama_token_to_piece, llama_cpp.llama_vocab_is_eog
         byte_token: dict[int, int] = {}
         ends: list[int] = []
-        for token in range(model.n_vocab):
-            if model.is_end_of_generation(token):
+        pieces: list[tuple[bytes, int]] = []
+        for token in range(n_vocab):
+            if is_eog(vocab, token):
                 ends.append(token)
                 continue
-            piece = model.piece(token)
-            if len(piece) == 1 and piece[0] not in byte_token:
+            n = to_piece(vocab, token, buffer, 256, 0, False)
+            piece = ctypes.string_at(buffer, n) if n >= 0 else model.piece(token)
+            pieces.append((piece, token))
+            if n == 1 and piece[0] not in byte_token:
                 byte_token[piece[0]] = token
         self._byte_of = {token: byte for byte, token in byte_token.items()}
         # Every token's bytes, sorted: the tokens that extend a given one are a contiguous run.
-        pieces = sorted((model.piece(t), t) for t in range(model.n_vocab) if not model.is_end_of_generation(t))
+        pieces.sort()
         self._pieces = [p for p, _ in pieces]
         self._piece_tokens = np.array([t for _, t in pieces], dtype=np.int32)
         self._extensions = TokenCandidates(MAX_EXTENSIONS)
         self._probe = np.array([*byte_token.values(), *ends], dtype=np.int32)
         self._candidates = TokenCandidates(len(self._probe))
+        self._one = TokenCandidates(1)
 
     def forced_bytes(self, grammar: object) -> tuple[bytes, bool]:
         """The bytes the grammar forces from its state now, and whether it then must end. The
@@ -86,9 +98,9 @@ class ForcedText:
             llama_cpp.llama_sampler_free(probe)
         return bytes(forced), must_end
 
-    def forced_tokens(self, grammar: object) -> tuple[list[int], bool]:
+    def forced_tokens(self, grammar: object, refs: TokenRefs = NO_REFS) -> tuple[list[int], bool]:
         """Tokens for what the grammar forces next (module docstring: where the jump stops), and
-        whether the grammar must end after them."""
+        whether the grammar must end after them. `refs`: the grammar's token references."""
         forced, must_end = self.forced_bytes(grammar)
         whole = forced
         while whole:  # whole characters only: a cut one would be tokenized as a replacement
@@ -99,11 +111,32 @@ class ForcedText:
                 whole = whole[:-1]
         else:
             return [], must_end and not forced
-        tokens = self.model.tokenize(text, add_bos=False, parse_special=False)
-        ends = must_end and whole == forced
+        split = self.model.tokenize(text, add_bos=False, parse_special=False)
+        # The tokenizer's split need not be one the grammar takes: a token reference forces a token
+        # by id (`<[17]>{5}` forces "!!!!!", split "!!" "!!" "!"; only "!" is token 17).
+        tokens = self._taken(grammar, split, refs)
+        ends = must_end and whole == forced and len(tokens) == len(split)
         if not ends and tokens and self._could_extend(grammar, tokens):
             tokens = tokens[:-1]
         return tokens, ends
+
+    def _taken(self, grammar: object, tokens: list[int], refs: TokenRefs) -> list[int]:
+        """The longest start of `tokens` the grammar accepts, one token after another. Accepting
+        a token the grammar refuses throws inside llama.cpp and ends the process, so each is asked
+        about first (and, where llama.cpp's answer can be wrong, tried: grammar_accept.py)."""
+        probe = llama_cpp.llama_sampler_clone(grammar)
+        one = self._one
+        try:
+            for i, token in enumerate(tokens):
+                one.fill_ids(np.array([token], dtype=np.int32))
+                one.apply(probe)
+                if one.allowed_ids().size != 1 or (refs.present and refs.could_disagree(token, self.model.piece(token, True))
+                                                   and accept_throws(probe, token)):
+                    return tokens[:i]
+                llama_cpp.llama_sampler_accept(probe, token)
+            return tokens
+        finally:
+            llama_cpp.llama_sampler_free(probe)
 
     def _could_extend(self, grammar: object, tokens: list[int]) -> bool:
         """Whether a longer token that starts with tokens[-1]'s bytes is one the grammar allows in
@@ -119,7 +152,7 @@ class ForcedText:
             return True  # too many to ask about: leave the boundary to the model
         probe = llama_cpp.llama_sampler_clone(grammar)
         try:
-            for token in tokens[:-1]:
+            for token in tokens[:-1]:  # each one taken by the grammar (_taken)
                 llama_cpp.llama_sampler_accept(probe, token)
             self._extensions.fill_ids(self._piece_tokens[lo:hi])
             self._extensions.apply(probe)

@@ -23,6 +23,7 @@ import structlog
 from sidecar.backend.engine_config import EngineConfig, same_placement
 from sidecar.backend.load_report import parse_load_log
 from sidecar.backend.phase import EnginePhase
+from sidecar.engine.jump_forward import ForcedText
 from sidecar.engine.loading import load_model_and_context
 from sidecar.engine.kv_resizing import shrink_to_ceiling
 from sidecar.engine.memory_trim import release_freed_memory
@@ -97,6 +98,7 @@ def _reload(engine: Engine, request: ReloadRequest) -> None:
     # What the status RPC and the prefix cache's sizing read of the model: another model file
     # has other facts and another KV size per token.
     engine.facts = engine.model.facts()
+    engine.forced_text = ForcedText(engine.model) if engine.config.jump_forward else None
     engine.kv_bytes_per_token = engine.model.kv_bytes_per_token_f16()
     engine.sharing.kv_bytes_per_token = engine.kv_bytes_per_token
     if request.config.model_path != old_config.model_path:

@@ -86,7 +86,7 @@ def _forced_after(engine: Engine, slot: Slot) -> tuple[list[int], bool]:
     if engine.forced_text is None or engine.forced_text.model is not engine.model:
         engine.forced_text = ForcedText(engine.model)
     started = time.thread_time()
-    tokens, must_end = engine.forced_text.forced_tokens(a.sampler.grammar)
+    tokens, must_end = engine.forced_text.forced_tokens(a.sampler.grammar, a.sampler.refs)
     taken: list[int] = []
     for token in tokens:
         if not a.sampler.allows(token):  # the tokenizer's split is checked, token by token

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import math
 import secrets
 import time
@@ -11,6 +12,7 @@ import numpy as np
 
 from sidecar.backend.sampling import BAN, MAX_LOGIT_BIAS_ENTRIES, SamplingConfig
 from sidecar.errors import InvalidArgument, ResourceExhausted
+from sidecar.native import grammar_accept
 from sidecar.native.token_candidates import TokenCandidates
 
 
@@ -45,6 +47,9 @@ class SamplerChain:
     def __init__(self, vocab: object, n_vocab: int, config: SamplingConfig, grammar: str | None = None) -> None:
         self.ptr = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
         self.grammar = None
+        self.vocab = vocab
+        # What the grammar names by token id: where llama.cpp's apply and accept can disagree.
+        self.refs = grammar_accept.TokenRefs.of(grammar) if grammar is not None else grammar_accept.NO_REFS
         # Grammar requests sample step by step (token_candidates.py): a grammar can leave no token.
         self._candidates = TokenCandidates(n_vocab) if grammar is not None else None
         self._one = TokenCandidates(1) if grammar is not None else None
@@ -129,6 +134,11 @@ class SamplerChain:
                 candidates.apply(self.grammar)
                 candidates.apply(self.ptr)
                 token = candidates.selected_token()
+            if token is not None and self.accept_throws(token):
+                raise InvalidArgument(
+                    f"the grammar allows token {token} ({self._piece(token)!r}) after {self.generated} tokens of the "
+                    f"reply, but llama.cpp cannot accept it there: a token reference (<[id]>) matched part-way "
+                    f"through a token, after characters. Put token references where a token starts")
         if token is None:
             raise InvalidArgument(f"the grammar, with the request's logit_bias, leaves no token this model can write "
                                   f"after {self.generated} tokens of the reply")
@@ -197,7 +207,23 @@ class SamplerChain:
             return True
         self._one.fill_ids(np.array([token], dtype=np.int32))
         self._one.apply(self.grammar)
-        return self._one.allowed_ids().size == 1
+        return self._one.allowed_ids().size == 1 and not self.accept_throws(token)
+
+    def accept_throws(self, token: int) -> bool:
+        """Whether accepting `token` would throw inside llama.cpp (grammar_accept.py): checked only
+        for the tokens where its apply and accept can disagree."""
+        return (self.grammar is not None and self.refs.present and self.refs.could_disagree(token, self._piece(token))
+                and grammar_accept.accept_throws(self.grammar, token))
+
+    def _piece(self, token: int) -> bytes:
+        # As the grammar reads a token: control tokens by their text.
+        size = 256
+        while True:
+            buffer = ctypes.create_string_buffer(size)
+            n = llama_cpp.llama_token_to_piece(self.vocab, token, buffer, size, 0, True)
+            if n >= 0:
+                return buffer.raw[:n]
+            size = -n
 
     def accept(self, token: int) -> None:
         """Record `token` as the reply's next: the grammar advances, the penalties count it."""

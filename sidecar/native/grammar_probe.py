@@ -36,6 +36,8 @@ import sys
 import time
 import zlib
 
+from sidecar.native.grammar_accept import TokenRefs, accept_throws
+
 WORKER_COMMAND = "_grammar-probe"
 # Steps of the walk: a tool call's fixed text is a few dozen tokens, and a repetition that
 # multiplies shows within a handful.
@@ -135,11 +137,11 @@ class _Probe:
             if compile_ms > COMPILE_LIMIT_MS:
                 return _refused(f"the grammar took {compile_ms:.0f} ms of CPU to compile; at most "
                                 f"{COMPILE_LIMIT_MS:.0f} (a repetition count or alternation too large)")
-            return self._walk(sampler, banned, grammar, compile_ms)
+            return self._walk(sampler, banned, grammar, compile_ms, TokenRefs.of(grammar))
         finally:
             llama.llama_sampler_free(sampler)
 
-    def _walk(self, sampler: object, banned, grammar: str, compile_ms: float) -> dict:
+    def _walk(self, sampler: object, banned, grammar: str, compile_ms: float, refs: TokenRefs) -> dict:
         import numpy as np
 
         rng = np.random.default_rng(zlib.crc32(grammar.encode("utf-8")))
@@ -162,6 +164,11 @@ class _Probe:
                 lengths = self.piece_bytes[going_on]
                 going_on = going_on[lengths == lengths.max()]
             token = int(going_on[rng.integers(going_on.size)])
+            if refs.present and refs.could_disagree(token, self._piece_raw(token)) and accept_throws(sampler, token):
+                where = "at its start" if not text else f"after {''.join(text)[-80:]!r}"
+                return _refused(f"the grammar allows token {token} ({self._piece(token)!r}) {where}, but llama.cpp "
+                                f"cannot accept it there: a token reference (<[id]>) matched part-way through a "
+                                f"token, after characters. Put token references where a token starts")
             self.llama.llama_sampler_accept(sampler, token)
             spent = (time.thread_time() - started) * 1000.0
             worst = max(worst, spent)
