@@ -193,6 +193,9 @@ def _run_serve(args: argparse.Namespace) -> int:
             say_failure(f"xlm-sidecar: --{where.replace('_', '-')}: {err['msg']}")
         return EXIT_USAGE
     configure_logging(settings.log_format, settings.log_level)
+    from sidecar.lifecycle.crash_file import write_stacks_on_crash
+
+    write_stacks_on_crash()
     try:
         asyncio.run(serve(settings))
     except ModelLoadError as e:

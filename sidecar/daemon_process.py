@@ -12,6 +12,7 @@ import os
 import secrets
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import deque
@@ -34,11 +35,17 @@ class RunningDaemon:
     # The last lines that were not our JSON log (llama.cpp's, an abort's): what a daemon that died
     # said last, for the test that saw it die.
     other_lines: deque[str] = field(default_factory=lambda: deque(maxlen=40))
+    crash_file: str | None = None
 
     def last_words(self) -> str:
-        """Its exit status and last lines, for a test's message when it died."""
+        """Its exit status, last lines and, after a fatal signal, every thread's Python stack
+        (lifecycle/crash_file.py), for a test's message when it died."""
         events = [json.dumps(e)[:400] for e in self.log_lines[-15:]]
-        return "\n".join([f"exit status {self.process.poll()}", *events, *self.other_lines])
+        stacks = ""
+        if self.crash_file is not None and os.path.exists(self.crash_file):
+            with open(self.crash_file, encoding="utf-8", errors="replace") as f:
+                stacks = f.read()[-6000:]
+        return "\n".join([f"exit status {self.process.poll()}", *events, *self.other_lines, stacks])
 
     def wait_for_event(self, wanted: str, timeout_s: float, after: int = 0) -> dict:
         """The first log line whose event is `wanted` past the first `after` such lines, as the
@@ -99,6 +106,9 @@ def start_daemon(
         token = env.get("XLM_SIDECAR_TOKEN")
     if "--no-auth" in args:
         token = None
+    # Where the daemon writes its threads' stacks if a fatal signal ends it (last_words reads it).
+    crash_file = env.setdefault("XLM_SIDECAR_CRASH_FILE",
+                                os.path.join(tempfile.gettempdir(), f"xlm-sidecar-crash-{secrets.token_hex(6)}.txt"))
     process = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
     lines: list[dict] = []
     deadline = time.monotonic() + timeout_s
@@ -114,7 +124,8 @@ def start_daemon(
         lines.append(event)
         if event.get("event") == until:
             listening = next(e for e in lines if e.get("event") == "listening")
-            running = RunningDaemon(process, listening["address"], lines, token, listening.get("ws_address"))
+            running = RunningDaemon(process, listening["address"], lines, token, listening.get("ws_address"),
+                                    crash_file=crash_file)
             if drain:
                 _keep_reading(running)
             return running
