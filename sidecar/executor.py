@@ -271,7 +271,8 @@ def cpu_engine_config(settings: Settings, budget: Budget) -> EngineConfig:
         n_batch=settings.batch,
         threads_decode=threads,
         threads_prefill=threads,
-        flash_attention=settings.flash_attention_flag,
+        # Everything on the CPU: flash attention off unless asked for (planner/search.py says why).
+        flash_attention=bool(settings.flash_attention_flag),
         n_gpu_layers=0,
         max_sessions=settings.max_sessions,
         max_prompt_tokens=min(settings.max_prompt_tokens, settings.ctx - 1),  # 0 stays 0: the engine's default

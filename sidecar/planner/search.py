@@ -199,12 +199,17 @@ def _micro_batches(options: PlanOptions) -> tuple[int, ...]:
     return chosen or (max(floor, min(options.n_batch, 512)),)
 
 
-def _flash_attention(options: PlanOptions) -> bool:
-    """Flash attention as asked, else on (no K.Q scores in VRAM; a quantized cache needs it).
-    On the CPU, off is faster past a few hundred tokens (2-core Xeon, SmolLM2, 2,000 tokens deep:
-    one token 31.5 ms with it, 16.5 without; README), but off by default, CI's grammar fuzz daemon
-    died twice (websocket, --ctx 512, 3 sequences), not yet explained: on until it is."""
-    return True if options.flash_attention is None else options.flash_attention
+def _flash_attention(options: PlanOptions, kv_type: str, gpu_attention: bool) -> bool:
+    """Flash attention where attention can run on a GPU (no K.Q scores in VRAM, and faster there),
+    and for a quantized cache (llama.cpp needs it for one). On the CPU it is off: llama.cpp's CPU
+    kernel reads the whole cache once per query row, so passes slow down with depth far sooner
+    (2-core Xeon, SmolLM2, 2,000 tokens deep: one token 31.5 ms with it, 16.5 without; 16 tokens
+    374 against 83). Only a 512-token prompt chunk near the start is faster with it (1,387 ms
+    against 1,641). Put back to on for a day because CI's grammar fuzz daemon died with it off;
+    it died with it on as well, and the cause was a grammar (native/grammar_accept.py)."""
+    if options.flash_attention is not None:
+        return options.flash_attention
+    return gpu_attention or kv_type != "F16"
 
 
 def _kv_types(options: PlanOptions, gpu_budget: int) -> tuple[str, ...]:
@@ -225,7 +230,7 @@ def search(model: ModelInfo, hw: HardwareModel, gpu_budget: int, cap: int, ctx: 
     n_outputs_max = max(options.decode_tiers, default=1)
     found: Found | None = None
     for kv_type in _kv_types(options, gpu_budget):
-        flash = _flash_attention(options)
+        flash = _flash_attention(options, kv_type, gpu_budget > 0 and hw.has_gpu)
         if kv_type != "F16" and not flash:
             continue
         ev = Evaluator(model, hw, units, options, kv_type, threads)
