@@ -101,7 +101,7 @@ def check(reference: list[list[int]], got: list[list[int]], tokens: int) -> list
 
 def churn_engine(model: Path, n_streams: int, tokens: int, every_s: float, reloads: int) -> dict:
     from sidecar.engine import Engine, EngineConfig, Finished, GenerationSpec, Prompt, SamplingConfig
-    from sidecar.logs import configure_logging
+    from sidecar.lifecycle.logs import configure_logging
 
     configure_logging(level="warning")  # the engine logs every reload; the figures are printed below
     cores = os.cpu_count() or 1

@@ -15,9 +15,10 @@ from pathlib import Path
 import grpc
 from pydantic import ValidationError
 
-from sidecar import __version__, usage_errors
+from sidecar import __version__
+from sidecar.lifecycle import usage_errors
 from sidecar.errors import InvalidArgument, ModelLoadError
-from sidecar.usage_errors import say_failure
+from sidecar.lifecycle.usage_errors import say_failure
 
 EXIT_FAILURE, EXIT_USAGE, EXIT_MODEL, EXIT_LISTEN, EXIT_UNREACHABLE = 1, 2, 3, 4, 5
 SUBCOMMANDS = ("serve", "chat", "ask", "status", "budget", "testmodels", "profile")
@@ -176,7 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _run_serve(args: argparse.Namespace) -> int:
     from sidecar.daemon import serve
-    from sidecar.logs import configure_logging
+    from sidecar.lifecycle.logs import configure_logging
     from sidecar.service.grpc_server import PortInUse
     from sidecar.settings import Settings
 

@@ -33,7 +33,7 @@ from sidecar.executor import (
     register_devices,
 )
 from sidecar.lifecycle.daemon_lifecycle import DaemonLifecycle
-from sidecar.profile_refresh import ProfileRefresh, profile_view
+from sidecar.profiler.refresh import ProfileRefresh, profile_view
 from sidecar.guard.frame_guard import GuardSettings
 from sidecar.guard.guard_task import FrameGuard
 from sidecar.service.budget_control import BudgetControl

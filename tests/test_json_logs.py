@@ -20,7 +20,7 @@ from test_transport_websocket import ONE_THREAD
 
 EVERY_KIND_OF_WRITER = r"""
 import asyncio, logging, os, sys, threading, warnings
-from sidecar.logs import configure_logging
+from sidecar.lifecycle.logs import configure_logging
 configure_logging("json", "info")
 import structlog
 structlog.get_logger("daemon").info("structlog line")
@@ -86,7 +86,7 @@ def test_a_daemon_with_json_logs_writes_only_json_lines() -> None:
 # ggml_new_object), in the very ggml libllama uses.
 GGML_ABORT = r"""
 import ctypes, sys
-from sidecar.logs import configure_logging
+from sidecar.lifecycle.logs import configure_logging
 configure_logging(sys.argv[1], "info")
 from sidecar.ggml_devices import open_library
 from sidecar.native.log_capture import install_native_log_filter

@@ -66,7 +66,7 @@ def _report_aborts_as_json() -> None:
     fd 2, the pipe json_stderr reads, and abort() may end the process before the reader has passed
     it on (and it would pass as a plain warning). The gdb backtrace ggml would print next is off
     either way: GGML_NO_BACKTRACE, sidecar/__init__.py."""
-    from sidecar.json_stderr import active_capture
+    from sidecar.lifecycle.json_stderr import active_capture
 
     capture = active_capture()
     if capture is None:

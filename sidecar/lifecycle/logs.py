@@ -20,7 +20,7 @@ def configure_logging(fmt: str = "auto", level: str = "info") -> None:
     if use_json:
         # Every stderr line must be one JSON object: tracebacks as data, not text, and whatever
         # else writes to stderr (native code, Python's own hooks) wrapped (see json_stderr).
-        from sidecar.json_stderr import capture_fd2, route_python_output
+        from sidecar.lifecycle.json_stderr import capture_fd2, route_python_output
 
         target = capture_fd2().real
     structlog.configure(

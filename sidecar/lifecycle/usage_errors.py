@@ -3,7 +3,7 @@
 A launcher reads the daemon's stderr line by line as JSON (deploy/LAUNCH.md). A bad flag is found
 by argparse, and a bad value by the settings, before logging is set up: both printed plain text
 (argparse its usage too), the one time the launcher most needs to read the reason. Under JSON logs
-(`--log-format json`, or `auto` with stderr not a terminal, as sidecar.logs decides) each is one
+(`--log-format json`, or `auto` with stderr not a terminal, as sidecar.lifecycle.logs decides) each is one
 object, `{"event": "xlm-sidecar: <reason>", "level": "error", ...}`; the exit code is unchanged.
 """
 
@@ -49,7 +49,7 @@ def say_failure(text: str) -> None:
     if not json_lines:
         print(text, file=sys.stderr)
         return
-    from sidecar.json_stderr import active_capture
+    from sidecar.lifecycle.json_stderr import active_capture
 
     line = json.dumps({"event": text, "level": "error", "logger": "cli",
                        "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat().replace("+00:00", "Z")},
