@@ -31,7 +31,7 @@ from sidecar.service.openai_http import replies, translate
 from sidecar.service.openai_http.cors import CorsPolicy
 from sidecar.service.openai_http.request_models import ChatCompletionRequest, Tool
 from sidecar.service.openai_http.routes import OpenAIApi
-from sidecar.service.openai_http.tools import parse_reply, tool_spec
+from sidecar.service.openai_http import tools as tools_http
 
 slow = pytest.mark.slow
 LIMIT = 64  # --max-tokens-per-request of the daemon here
@@ -240,7 +240,17 @@ def test_an_assistant_message_with_two_calls_keeps_both(client: openai.OpenAI, m
 
 
 def _spec(choice="auto", parallel=False):
-    return tool_spec([Tool.model_validate(GIVE), Tool.model_validate(WAVE)], choice, parallel)
+    """The core's plan of GIVE and WAVE, as it makes it from the xlm.v1 request HTTP sends."""
+    return tool_calls.plan_from_pb(pb.GenerateRequest(
+        messages=pb.ChatMessages(messages=[pb.ChatMessage(role="user", content="Hi")]),
+        tools=tools_http.pb_tools([Tool.model_validate(GIVE), Tool.model_validate(WAVE)]),
+        tool_choice=tools_http.pb_tool_choice(choice), parallel_tool_calls=parallel))
+
+
+def _read_by_the_core(text: str) -> pb.GenerationFinal:
+    final = pb.GenerationFinal(finish_reason=pb.FINISH_REASON_STOP)
+    tool_calls.finish_with_call(final, text, ("give_item", "wave"))
+    return final
 
 
 def test_parallel_tool_calls_admits_an_array_only_when_asked() -> None:
@@ -253,7 +263,7 @@ def test_parallel_tool_calls_admits_an_array_only_when_asked() -> None:
     # Asked in so many words (unset and false keep one call), and with auto or required only.
     def parallel(**body) -> bool:
         parsed = ChatCompletionRequest.model_validate_json(json.dumps({"messages": ask("Hi"), "tools": [GIVE], **body}), strict=True)
-        return translate.chat_request(parsed, "", LIMIT).tools.parallel
+        return translate.chat_request(parsed, "", LIMIT).request.parallel_tool_calls
     assert [parallel(), parallel(parallel_tool_calls=False), parallel(parallel_tool_calls=True),
             parallel(parallel_tool_calls=True, tool_choice="required"),
             parallel(parallel_tool_calls=True, tool_choice={"type": "function", "function": {"name": "give_item"}})] == \
@@ -268,16 +278,16 @@ def test_parallel_tool_calls_admits_an_array_only_when_asked() -> None:
 
 def test_an_array_reply_becomes_several_calls_whole_and_streamed() -> None:
     text = '[{"name": "give_item", "arguments": {"item": "ale"}}, {"name": "wave", "arguments": {}}]'
-    spec = _spec("required", parallel=True)
-    calls = parse_reply(text, spec).calls
+    final = _read_by_the_core(text)
+    calls = replies.tool_message(text, final)["tool_calls"]
     assert [c["function"]["name"] for c in calls] == ["give_item", "wave"] and len({c["id"] for c in calls}) == 2
     assert json.loads(calls[0]["function"]["arguments"]) == {"item": "ale"}
 
     async def stream() -> list[dict]:
         async def rest():
-            yield pb.GenerateChunk(final=pb.GenerationFinal(finish_reason=pb.FINISH_REASON_STOP))
+            yield pb.GenerateChunk(final=final)
         ids = replies.ReplyIds("smol", chat=True)
-        return [json.loads(e[6:]) async for e in replies.tool_events(ids, pb.GenerateChunk(text=text), rest(), False, spec)
+        return [json.loads(e[6:]) async for e in replies.tool_events(ids, pb.GenerateChunk(text=text), rest(), False)
                 if e != replies.DONE]
 
     deltas = [d for event in asyncio.run(stream()) for d in event["choices"][0]["delta"].get("tool_calls") or ()]

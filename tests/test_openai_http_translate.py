@@ -78,8 +78,9 @@ def test_an_image_part_becomes_the_marker_and_the_image_bytes() -> None:
                                                           "function": {"name": "a", "arguments": "{oops"}}]}]}, "JSON"),
 ])
 def test_what_cannot_be_honoured_is_refused_by_name(body: dict, message: str) -> None:
+    # Translated, or planned by the core as gRPC's request is (a tool_choice naming no tool).
     with pytest.raises(InvalidArgument, match=message):
-        chat(**body)
+        spec_of(chat(**body))
 
 
 @pytest.mark.parametrize("body, message", [({"echo": True}, "echo"), ({"suffix": "x"}, "suffix"),
@@ -134,10 +135,7 @@ def test_tools_go_as_grpc_tools_a_schema_of_calls_and_instructions_for_the_sessi
     assert auto_turn.request.tool_choice == "auto"  # OpenAI's default with tools; xlm.v1's is "required"
     # Auto's reply is words unless it opens a call, which is held to the calls' schema; no JSON
     # schema goes to a remote server (words are no JSON), the grammar admits both here.
-    from sidecar.service.openai_http.request_models import Tool
-    from sidecar.service.openai_http.tools import tool_spec
-
-    assert auto_turn.tools.json_schema == tool_spec([Tool.model_validate(ATTACK)], "required").json_schema
+    assert auto_turn.reads_calls
     auto = spec_of(auto_turn)
     assert auto.json_schema == "" and "xlm-words" in auto.grammar
 
@@ -163,14 +161,20 @@ def test_tool_results_and_earlier_calls_are_written_into_the_conversation() -> N
 
 
 def test_replies_held_to_the_tools_grammar_parse_into_calls_or_text() -> None:
-    from sidecar.service.openai_http.tools import parse_reply, tool_spec
-    from sidecar.service.openai_http.request_models import Tool
+    """HTTP's message from what the core read (final.tool_calls; tool_calls.finish_with_call runs
+    on every transport's replies), never a second parse of the call."""
+    from sidecar.service import tool_calls as core_calls
+    from sidecar.service.openai_http.replies import tool_message
 
-    spec = tool_spec([Tool.model_validate(ATTACK)], "auto")
-    call = parse_reply('{"name": "attack", "arguments": {"target": "orc"}}', spec)
-    assert call.content is None and call.calls[0]["function"] == {"name": "attack", "arguments": '{"target": "orc"}'}
-    assert parse_reply("Halt! Who goes there?", spec).content == "Halt! Who goes there?"  # auto's words
-    assert parse_reply('{"reply": "Halt!"}', spec).content == "Halt!"  # words as JSON, as they were before
-    assert parse_reply('{"name": "att', spec).content == '{"name": "att'  # cut by max_tokens: text
+    def message(text: str) -> dict:
+        final = pb.GenerationFinal(finish_reason=pb.FINISH_REASON_STOP)
+        core_calls.finish_with_call(final, text, ("attack",))
+        return tool_message(text, final)
+
+    call = message('{"name": "attack", "arguments": {"target": "orc"}}')
+    assert call["content"] is None and call["tool_calls"][0]["function"] == {"name": "attack", "arguments": '{"target": "orc"}'}
+    assert message("Halt! Who goes there?") == {"role": "assistant", "content": "Halt! Who goes there?"}  # auto's words
+    assert message('{"reply": "Halt!"}')["content"] == "Halt!"  # words as JSON, as they were before
+    assert message('{"name": "att')["content"] == '{"name": "att'  # cut by max_tokens: text
     # No grammar held a remote server's reply: JSON naming an undeclared function is words.
-    assert parse_reply('{"name": "dance", "arguments": {}}', spec).calls == []
+    assert "tool_calls" not in message('{"name": "dance", "arguments": {}}')

@@ -110,6 +110,7 @@ class SidecarService:
         remembers = self.memories.session_memory(request, spec)
         spec, used = await self.memories.for_turn(remembers, spec, self.limits.context_per_sequence)
         calls = request.tools and request.tool_choice != "none"
+        names = tuple(t.name for t in request.tools)
         replies: dict[int, list[str]] = {}
         chunks = self._stream(spec, remembers, used) if n == 1 else candidates.fan_out(spec, n, self._stream)
         try:
@@ -117,7 +118,7 @@ class SidecarService:
                 if calls:  # each reply is read as a call once whole
                     reply = replies.setdefault(chunk.index, [])
                     if chunk.HasField("final"):
-                        tool_calls.finish_with_call(chunk.final, "".join(reply))
+                        tool_calls.finish_with_call(chunk.final, "".join(reply), names)
                     else:
                         reply.append(chunk.text)
                 yield chunk

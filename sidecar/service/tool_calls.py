@@ -185,11 +185,12 @@ def plan_from_pb(request) -> ToolPlan | None:
     return plan(functions, choice, request.parallel_tool_calls)
 
 
-def finish_with_call(final, text: str) -> None:
-    """Set the final chunk's calls (and finish reason) when the reply is one or several."""
+def finish_with_call(final, text: str, names: tuple[str, ...] | None = None) -> None:
+    """Set the final chunk's calls (and finish reason) when the reply is one or several of the
+    functions `names` (read_reply). Every transport reads the calls from here."""
     from sidecar.api import pb
 
-    read = read_reply(text)
+    read = read_reply(text, names)
     if read.calls:
         calls = [pb.ToolCall(name=c.name, arguments_json=json.dumps(c.arguments)) for c in read.calls]
         final.tool_call.CopyFrom(calls[0])  # what a client written before parallel calls reads

@@ -191,17 +191,18 @@ async def events(ids: ReplyIds, first: pb.GenerateChunk, chunks: AsyncIterator[p
     yield DONE
 
 
-def tool_message(text: str, spec: tools.ToolSpec) -> dict:
-    """The assistant message of a reply held to the tools' grammar."""
-    reply = tools.parse_reply(text, spec)
-    message: dict = {"role": "assistant", "content": reply.content}
-    if reply.calls:
-        message["tool_calls"] = reply.calls
+def tool_message(text: str, final: pb.GenerationFinal | None) -> dict:
+    """The assistant message of a reply held to the tools' grammar: the calls the core read from
+    it (final.tool_calls), else its words."""
+    calls = tools.openai_calls(final) if final is not None else []
+    message: dict = {"role": "assistant", "content": None if calls else tools.words(text)}
+    if calls:
+        message["tool_calls"] = calls
     return message
 
 
 async def tool_events(ids: ReplyIds, first: pb.GenerateChunk, chunks: AsyncIterator[pb.GenerateChunk],
-                      include_usage: bool, spec: tools.ToolSpec, n: int = 1) -> AsyncIterator[str]:
+                      include_usage: bool, n: int = 1) -> AsyncIterator[str]:
     """A tools reply streamed: a call is only known whole once its JSON closes, so each choice is
     gathered, then sent as OpenAI's deltas (the call's id and name, then its arguments)."""
     try:
@@ -212,7 +213,7 @@ async def tool_events(ids: ReplyIds, first: pb.GenerateChunk, chunks: AsyncItera
         return
     for c, choice in enumerate(choices):
         yield _event(_chat_chunk(ids, {"role": "assistant", "content": ""}, None, c))
-        message = tool_message("".join(choice.text), spec)
+        message = tool_message("".join(choice.text), choice.final)
         reason = finish_reason(choice.final)
         # Each call by its index in the list, as OpenAI streams several: clients gather deltas by it.
         for index, call in enumerate(message.get("tool_calls") or ()):

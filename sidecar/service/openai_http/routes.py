@@ -206,7 +206,7 @@ class OpenAIApi:
             # own status; only after it must they travel inside a 200 stream.
             first = await until_disconnected(request.receive, anext(chunks))
             if stream:
-                events = (replies.tool_events(ids, first, chunks, include_usage, turn.tools, n) if turn.tools is not None
+                events = (replies.tool_events(ids, first, chunks, include_usage, n) if turn.reads_calls
                           else replies.events(ids, first, chunks, include_usage, asked_logprobs, n))
                 return EventStream(events, source=chunks, headers=headers)
             choices = await until_disconnected(request.receive, replies.collect(first, chunks))
@@ -217,7 +217,7 @@ class OpenAIApi:
         if not ids.chat:
             body = replies.text_completion(ids, choices, asked_logprobs, n)
         else:
-            messages = [replies.tool_message("".join(c.text), turn.tools) if turn.tools is not None else None
+            messages = [replies.tool_message("".join(c.text), c.final) if turn.reads_calls else None
                         for c in choices]
             body = replies.chat_completion(ids, choices, messages, asked_logprobs, n)
         return JSONResponse(body, headers=headers)

@@ -13,24 +13,21 @@ from __future__ import annotations
 
 import json
 import secrets
-from dataclasses import dataclass
 
 from sidecar.api import pb
 from sidecar.errors import InvalidArgument
 from sidecar.service import tool_calls
 from sidecar.service.openai_http.request_models import ChatMessage, NamedToolChoice, Tool, ToolChoice
 
-ToolSpec = tool_calls.ToolPlan
-
-
-def tool_spec(tools: list[Tool] | None, choice: ToolChoice, parallel: bool = False) -> ToolSpec | None:
+def reads_calls(tools: list[Tool] | None, choice: ToolChoice) -> bool:
+    """Whether the reply is read for calls: tools given and not tool_choice "none". The core plans
+    them from the xlm.v1 request (pb_tools), as gRPC's, and reads the reply's calls into the final
+    chunk; a choice that asks for a call without tools is an error here."""
     if not tools or choice == "none":
         if isinstance(choice, NamedToolChoice) or choice == "required":
             raise InvalidArgument("tool_choice asks for a tool call but no tools are given")
-        return None
-    functions = [tool_calls.Function(t.function.name, t.function.description or "", t.function.parameters) for t in tools]
-    name = choice.function.name if isinstance(choice, NamedToolChoice) else (choice or "auto")
-    return tool_calls.plan(functions, name, parallel)
+        return False
+    return True
 
 
 def pb_tools(tools: list[Tool]) -> list[pb.Tool]:
@@ -69,14 +66,13 @@ def assistant_call_message(message: ChatMessage) -> tuple[str, str]:
     return "assistant", json.dumps(calls[0] if len(calls) == 1 else calls)
 
 
-@dataclass(frozen=True)
-class ToolReply:
-    content: str | None
-    calls: list[dict]
+def openai_calls(final: pb.GenerationFinal) -> list[dict]:
+    """The calls the core read from the reply (final.tool_calls), in OpenAI's shape."""
+    return [{"id": "call_" + secrets.token_hex(8), "type": "function",
+             "function": {"name": c.name, "arguments": c.arguments_json}} for c in final.tool_calls]
 
 
-def parse_reply(text: str, spec: ToolSpec) -> ToolReply:
-    read = tool_calls.read_reply(text, spec.names)
-    calls = [{"id": "call_" + secrets.token_hex(8), "type": "function",
-              "function": {"name": c.name, "arguments": json.dumps(c.arguments)}} for c in read.calls]
-    return ToolReply(None if calls else read.content, calls)
+def words(text: str) -> str | None:
+    """A reply the core read no call from: its words (tool_calls.read_reply: unwrapped where they
+    came as JSON, as replies once did). No name counts here: the calls are the core's."""
+    return tool_calls.read_reply(text, names=()).content

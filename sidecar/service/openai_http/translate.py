@@ -38,12 +38,12 @@ _DATA_URL = re.compile(r"data:image/(png|jpeg|jpg);base64,(.*)", re.DOTALL)
 class Turn:
     """One request to the core: the xlm.v1 request carrying the whole conversation (the backend
     decides what its session already holds), the conversation's last image, if any (PNG or JPEG
-    bytes, checked like AskImage's before any native code sees them), and the tools the reply is
-    read against."""
+    bytes, checked like AskImage's before any native code sees them), and whether the reply is
+    read for tool calls (the core reads them into the final chunk)."""
 
     request: pb.GenerateRequest
     image: bytes | None = None
-    tools: tool_calls.ToolSpec | None = None
+    reads_calls: bool = False
     # The limit max_tokens was lowered to (--max-tokens-per-request), for the reply to say so.
     max_tokens_clamped: int | None = None
 
@@ -72,7 +72,7 @@ def chat_request(body: ChatCompletionRequest, session_id: str, max_tokens_limit:
         raise InvalidArgument("top_logprobs needs logprobs: true")
     # Several calls only when asked for in so many words: one call is what small models do well.
     parallel = body.parallel_tool_calls is True and body.tool_choice in (None, "auto", "required")
-    tools = tool_calls.tool_spec(body.tools, body.tool_choice, parallel)
+    reads_calls = tool_calls.reads_calls(body.tools, body.tool_choice)
     conversation: list[tuple[str, str]] = []
     images: list[bytes] = []
     call_names: dict[str, str] = {}  # tool call id -> function name, for the results that follow
@@ -88,9 +88,9 @@ def chat_request(body: ChatCompletionRequest, session_id: str, max_tokens_limit:
         stop=_stops(body.stop),
         json_schema=_json_schema(body),
         session_id=_session(body, session_id),
-        tools=tool_calls.pb_tools(body.tools) if tools is not None else [],
-        tool_choice=tool_calls.pb_tool_choice(body.tool_choice) if tools is not None else "",
-        parallel_tool_calls=tools is not None and tools.parallel,
+        tools=tool_calls.pb_tools(body.tools) if reads_calls else [],
+        tool_choice=tool_calls.pb_tool_choice(body.tool_choice) if reads_calls else "",
+        parallel_tool_calls=reads_calls and parallel,
         n=body.n or 1,
         grammar=body.grammar or "",
         memory=_memory(body),
@@ -98,7 +98,7 @@ def chat_request(body: ChatCompletionRequest, session_id: str, max_tokens_limit:
     if body.logprobs:
         request.logprobs = body.top_logprobs or 0
     # Only the last image can be new (the backend refuses more than one new one).
-    return Turn(request, images[-1] if images else None, tools, clamped)
+    return Turn(request, images[-1] if images else None, reads_calls, clamped)
 
 
 def completion_requests(body: CompletionRequest, session_id: str, max_tokens_limit: int,
