@@ -191,8 +191,10 @@ _RAW_LAYOUT = {pb.PIXEL_FORMAT_RGBA8: "rgba8", pb.PIXEL_FORMAT_BGRA8: "bgra8", p
 MAX_QUESTION_CHARS = 8192
 
 
-def image_spec_from_pb(r: pb.AskImageRequest, max_image_bytes: int) -> GenerationSpec:
-    """A validated image question. The image is decoded and checked here, before the engine sees it.
+def image_spec_from_pb(r: pb.AskImageRequest, limits: RequestLimits, max_image_bytes: int) -> GenerationSpec:
+    """A validated image question, checked as every turn is: the question and its image here
+    (decoded before the engine sees it), then the rest as the GenerateRequest it amounts to, by
+    turn_spec's rules (generation_spec_from_pb and the backend's limits).
 
     Without an image the question is a follow-up about the session's last image."""
     check_session_id(r.session_id)
@@ -216,18 +218,12 @@ def image_spec_from_pb(r: pb.AskImageRequest, max_image_bytes: int) -> Generatio
         if not r.session_id:
             raise InvalidArgument("no image: send one (encoded or raw), or ask a follow-up with the session_id of an earlier image")
     content = f"{IMAGE_MARKER}\n{question}" if image is not None else question
-    stops = stop_strings(r.stop)
-    return GenerationSpec(
-        prompt=Prompt(messages=(("user", content),)),
-        sampling=sampling_from_pb(r.sampling),
-        max_tokens=r.max_tokens or DEFAULT_MAX_TOKENS,
-        stop=stops,
-        grammar=grammar_for(r.json_schema),
-        session_id=r.session_id,
-        request_id=r.request_id,
-        image=image,
-        asks_about_image=True,
-    )
+    turn = pb.GenerateRequest(messages=pb.ChatMessages(messages=[pb.ChatMessage(role="user", content=content)]),
+                              sampling=r.sampling, max_tokens=r.max_tokens, stop=r.stop, json_schema=r.json_schema,
+                              session_id=r.session_id, request_id=r.request_id)
+    spec = generation_spec_from_pb(turn, limits.max_prompt_tokens, compile_grammar=limits.compiles_grammar)
+    token_controls.check_against_backend(spec, turn, limits)
+    return replace(spec, image=image, asks_about_image=True)
 
 
 def logprob_to_pb(e: TokenLogprob) -> pb.TokenLogprob:

@@ -180,7 +180,7 @@ class SidecarService:
         if not self.limits.vision:  # before the image is even looked at
             raise FailedPrecondition(NO_VISION_MODEL)
         # Decoding a large PNG takes tens of milliseconds: keep it off the event loop.
-        spec = await asyncio.to_thread(convert.image_spec_from_pb, request, self.info.max_image_bytes)
+        spec = await asyncio.to_thread(convert.image_spec_from_pb, request, self.limits, self.info.max_image_bytes)
         await self._check_grammar(spec, self.limits)
         async for chunk in self._stream(spec):
             yield chunk
