@@ -64,6 +64,11 @@ def accept_throws(grammar: object, token: int) -> bool:
     process (the grammar here is left as it was)."""
     import llama_cpp  # here: the service reads TokenRefs without loading llama.cpp
 
+    if not hasattr(os, "fork"):
+        # Windows has no fork: the token is taken as llama.cpp's apply allowed it, as before this
+        # check existed. A grammar that puts a token reference after characters can still end the
+        # daemon there; jump-forward's own case (_taken) is checked everywhere.
+        return False
     pid = os.fork()
     if pid == 0:  # the copy: one thread, this one; it must never return into the daemon's code
         try:
