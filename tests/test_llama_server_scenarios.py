@@ -365,6 +365,9 @@ def test_completion_with_tokens_input(client: openai.OpenAI, raw: httpx.Client) 
         assert [c.index for c in both.choices] == [0, 1] and both.usage.prompt_tokens == 2 * single.usage.prompt_tokens
         for choice in both.choices:
             assert choice.logprobs.tokens[0] == first.tokens[0]
-            assert abs(choice.logprobs.token_logprobs[0] - first.token_logprobs[0]) < 1e-2
+            # Within rounding, not equal: the two are computed in one batch, the single one alone,
+            # and llama.cpp sums in another order (README, "Tests on any machine": 0.02-0.08 logits
+            # measured; with flash attention off on the CPU this pair was 0.056 apart).
+            assert abs(choice.logprobs.token_logprobs[0] - first.token_logprobs[0]) < 0.15
     # Text and token ids in one list are one form or the other in OpenAI's API.
     refused(raw.post("/completions", json={"prompt": [tokens, MEANING], "max_tokens": 2}))
