@@ -59,6 +59,21 @@ def smollm2_path() -> Path:
     return default_model_path()
 
 
+@pytest.fixture(scope="module")
+def smollm2_vocab(smollm2_path: Path) -> Iterator[object]:
+    """SmolLM2's tokenizer alone (llama.cpp's vocab_only load: no weights, no context), for tests
+    of what a grammar allows."""
+    import llama_cpp
+
+    llama_cpp.llama_backend_init()
+    params = llama_cpp.llama_model_default_params()
+    params.vocab_only = True
+    model = llama_cpp.llama_model_load_from_file(os.fsencode(str(smollm2_path)), params)
+    assert model
+    yield llama_cpp.llama_model_get_vocab(model)
+    llama_cpp.llama_model_free(model)
+
+
 @pytest.fixture(scope="session")
 def daemon() -> Iterator[RunningDaemon]:
     """One daemon on the default model (SmolLM2) for the whole test session."""

@@ -4,8 +4,6 @@ it was. CI's grammar fuzz drew `root ::= <[17]>{5}` and the daemon died with SIG
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
 
 import llama_cpp
 import numpy as np
@@ -16,14 +14,8 @@ from sidecar.native.token_candidates import TokenCandidates
 
 
 @pytest.fixture(scope="module")
-def vocab(smollm2_path) -> Iterator[object]:
-    llama_cpp.llama_backend_init()
-    params = llama_cpp.llama_model_default_params()
-    params.vocab_only = True
-    model = llama_cpp.llama_model_load_from_file(os.fsencode(str(smollm2_path)), params)
-    assert model
-    yield llama_cpp.llama_model_get_vocab(model)
-    llama_cpp.llama_model_free(model)
+def vocab(smollm2_vocab: object) -> object:
+    return smollm2_vocab
 
 
 def one_token(vocab: object, text: str) -> int:
