@@ -251,11 +251,14 @@ def find_llama_binary(name: str, folder: Path | None = None) -> Path | None:
     return Path(found) if found else None
 
 
-def llama_bench_tg(binary: Path, model: Path, threads: list[int], tokens: int, repeats: int) -> dict[int, float]:
-    """Token-generation tokens/s that llama-bench measures, per thread count."""
+def llama_bench_tg(binary: Path, model: Path, threads: list[int], tokens: int, repeats: int,
+                   flash: bool | None = None, depth: int = 0) -> dict[int, float]:
+    """Token-generation tokens/s that llama-bench measures, per thread count: from `depth`
+    tokens already in the cache, flash attention on, off or (None) llama-bench's default."""
+    extra = ([] if flash is None else ["-fa", "1" if flash else "0"]) + (["-d", str(depth)] if depth else [])
     out = subprocess.run(
         [str(binary), "-m", str(model), "-p", "0", "-n", str(tokens), "-r", str(repeats),
-         "-t", ",".join(map(str, threads)), "-o", "json"],
+         "-t", ",".join(map(str, threads)), "-o", "json", *extra],
         capture_output=True, text=True, check=True, timeout=600,
     )
     return {int(row["n_threads"]): float(row["avg_ts"]) for row in json.loads(out.stdout)}
