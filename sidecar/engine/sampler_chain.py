@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
 import math
 import secrets
 import time
@@ -13,6 +12,7 @@ import numpy as np
 from sidecar.backend.sampling import BAN, MAX_LOGIT_BIAS_ENTRIES, SamplingConfig
 from sidecar.errors import InvalidArgument, ResourceExhausted
 from sidecar.native import grammar_accept
+from sidecar.native.model import token_piece
 from sidecar.native.token_candidates import TokenCandidates
 
 
@@ -135,8 +135,9 @@ class SamplerChain:
                 candidates.apply(self.ptr)
                 token = candidates.selected_token()
             if token is not None and self.accept_throws(token):
+                piece = token_piece(self.vocab, token, True)
                 raise InvalidArgument(
-                    f"the grammar allows token {token} ({self._piece(token)!r}) after {self.generated} tokens of the "
+                    f"the grammar allows token {token} ({piece!r}) after {self.generated} tokens of the "
                     f"reply, but llama.cpp cannot accept it there: a token reference (<[id]>) matched part-way "
                     f"through a token, after characters. Put token references where a token starts")
         if token is None:
@@ -212,18 +213,9 @@ class SamplerChain:
     def accept_throws(self, token: int) -> bool:
         """Whether accepting `token` would throw inside llama.cpp (grammar_accept.py): checked only
         for the tokens where its apply and accept can disagree."""
-        return (self.grammar is not None and self.refs.present and self.refs.could_disagree(token, self._piece(token))
+        return (self.grammar is not None and self.refs.present
+                and self.refs.could_disagree(token, token_piece(self.vocab, token, True))
                 and grammar_accept.accept_throws(self.grammar, token))
-
-    def _piece(self, token: int) -> bytes:
-        # As the grammar reads a token: control tokens by their text.
-        size = 256
-        while True:
-            buffer = ctypes.create_string_buffer(size)
-            n = llama_cpp.llama_token_to_piece(self.vocab, token, buffer, size, 0, True)
-            if n >= 0:
-                return buffer.raw[:n]
-            size = -n
 
     def accept(self, token: int) -> None:
         """Record `token` as the reply's next: the grammar advances, the penalties count it."""

@@ -154,12 +154,9 @@ class NativeModel:
     def piece(self, token: int, special: bool = False) -> bytes:
         """The bytes one token stands for. Control tokens (end of turn) render as nothing unless
         `special`."""
+        # One buffer for every call: this runs for each token the engine streams.
         n = llama_cpp.llama_token_to_piece(self.vocab, token, self._piece_buf, len(self._piece_buf), 0, special)
-        if n < 0:
-            buf = ctypes.create_string_buffer(-n)
-            n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
-            return buf.raw[:n]
-        return self._piece_buf.raw[:n]
+        return self._piece_buf.raw[:n] if n >= 0 else token_piece(self.vocab, token, special)
 
     def is_end_of_generation(self, token: int) -> bool:
         return bool(llama_cpp.llama_vocab_is_eog(self.vocab, token))
@@ -191,9 +188,7 @@ class NativeModel:
         """The text of a control token as templates write it (e.g. "<|im_end|>"); "" for none."""
         if token < 0:
             return ""
-        buf = ctypes.create_string_buffer(256)
-        n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, True)
-        return buf.raw[: max(n, 0)].decode("utf-8", errors="replace")
+        return token_piece(self.vocab, token, True).decode("utf-8", errors="replace")
 
     def _render_builtin(self, messages: list[tuple[str, str]], add_assistant_prompt: bool) -> str:
         keep = [(r.encode("utf-8"), c.encode("utf-8")) for r, c in messages]
@@ -209,3 +204,15 @@ class NativeModel:
                 return buf.raw[:n].decode("utf-8", errors="replace")
             size = n + 1
         raise InvalidArgument("chat template output did not fit")  # unreachable: second pass has room
+
+
+def token_piece(vocab: object, token: int, special: bool) -> bytes:
+    """The bytes one token of `vocab` stands for, however long; control tokens by their text when
+    `special` (as templates and grammars read them), as nothing otherwise."""
+    size = 256
+    while True:
+        buf = ctypes.create_string_buffer(size)
+        n = llama_cpp.llama_token_to_piece(vocab, token, buf, size, 0, special)
+        if n >= 0:
+            return buf.raw[:n]
+        size = -n
