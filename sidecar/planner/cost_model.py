@@ -34,11 +34,11 @@ from sidecar.model_info.model import ModelInfo
 from sidecar.model_info.units import ATTENTION, EMBEDDING, MOE_EXPERTS, OUTPUT, SubLayer
 from sidecar.planner.hardware_model import GB, GRAPH_OVERHEAD, LAYER_OVERHEAD, ON_CPU, ON_GPU, HardwareModel
 from sidecar.planner.measured import measured_overhead, measured_seconds
+from sidecar.planner.placement_sum import STREAMED, UnitColumns, placement_masks, placement_sum, unit_columns
 from sidecar.profiler.plan import OP_ATTENTION, OP_FFN, OP_MOE
 
 # A unit runs on the CPU (ON_CPU), on the GPU from VRAM (ON_GPU), or on the GPU with its weights
-# copied over for the pass (STREAMED).
-STREAMED = "streamed"
+# copied over for the pass (STREAMED, defined beside the sum that reads it).
 
 # --- GPU constants (used where the profile has no GPU figures) -------------------------------
 # Quantized mat-vec kernels reach about this share of the data-sheet VRAM bandwidth.
@@ -336,6 +336,7 @@ class PassFigures:
     attention: Mapping[tuple[bool, str], float]
     layer_overhead: Mapping[str, float]  # by device
     switch_seconds: float  # one CPU<->GPU hand-over
+    columns: UnitColumns  # `units` with the units' facts, as arrays for placed_pass_cost
 
 
 def pass_figures(hw: HardwareModel, model: ModelInfo, units: tuple[SubLayer, ...], shape: PassShape,
@@ -361,7 +362,8 @@ def pass_figures(hw: HardwareModel, model: ModelInfo, units: tuple[SubLayer, ...
     attention = {(sliding, device): attention_context_seconds(hw, model, layer, device, shape, threads, kv_type)
                  for sliding, layer in standing_for.items() for device in kv_devices}
     overhead = {device: layer_overhead_seconds(hw, device, shape.tokens, threads) for device in (ON_CPU, ON_GPU)}
-    return PassFigures(tuple(costs), attention, overhead, switch_seconds(hw, model, shape.tokens))
+    return PassFigures(tuple(costs), attention, overhead, switch_seconds(hw, model, shape.tokens),
+                       unit_columns(costs, units, swa, attention))
 
 
 # Keys of a figures memo: (shape, threads, KV type, contention).
@@ -382,81 +384,20 @@ def memoised_pass_figures(memo: FiguresMemo, hw: HardwareModel, model: ModelInfo
 def placed_pass_cost(hw: HardwareModel, model: ModelInfo, units: tuple[SubLayer, ...], where: tuple[str, ...],
                      kv_gpu_layers: frozenset[int], shape: PassShape, threads: int, executor: ExecutorModel,
                      figures: PassFigures) -> PassCost:
-    """Cost of one pass with unit i running as where[i], summed from the pass's figures.
-
-    Units run in order; attention over the cache runs where that layer's KV lives.
-    """
+    """Cost of one pass with unit i running as where[i], summed from the pass's figures
+    (placement_sum.py: units run in order; attention over the cache runs where that layer's KV
+    lives)."""
     if len(where) != len(units) or len(figures.units) != len(units):
         raise ValueError("one placement and one figure per unit")
-    streaming = STREAMED in where
-    overlap = executor.copy_overlap if streaming else 0.0
-    has_gpu = hw.has_gpu
-    switch = figures.switch_seconds
-    swa = frozenset(model.swa_layers)
-    cpu_s = gpu_s = copy_s = exposed = overhead = copy_bytes = cpu_busy = 0.0
-    switches = 0
-    prev_device = ON_CPU  # the token embedding lookup always runs on the host
-    layer_device: dict[int, str] = {}
-    n = len(units)
-    figs = figures.units
-    streamed = [w == STREAMED for w in where]
-    if streaming and streamed[0]:
-        exposed += figs[0].copy_seconds
-    for i, u in enumerate(units):
-        w = where[i]
-        device = ON_CPU if w == ON_CPU else ON_GPU
-        f = figs[i]
-        # The next unit's weights are copied during this split when it streams; a CPU split
-        # and a copy that really overlap slow each other (the profile's busy figures).
-        nxt_streams = i + 1 < n and streamed[i + 1]
-        contended = overlap > 0 and device == ON_CPU and nxt_streams
-        if nxt_streams:
-            nxt = figs[i + 1].copy_contended_seconds if contended else figs[i + 1].copy_seconds
-        else:
-            nxt = 0.0
-        if device == ON_CPU:
-            c = f.cpu_contended_seconds if contended else f.cpu_seconds
-        else:
-            c = f.gpu_seconds
-        if u.layer is not None and u.kind == ATTENTION:
-            kv_device = ON_GPU if has_gpu and u.layer in kv_gpu_layers else ON_CPU
-            core = figures.attention[(u.layer in swa, kv_device)]
-            if kv_device == device:
-                c += core
-            else:
-                # The attention core follows the cache: a round trip to its device and back.
-                if kv_device == ON_CPU:
-                    cpu_s += core
-                else:
-                    gpu_s += core
-                overhead += 2 * switch
-            layer_device.setdefault(u.layer, device)
-        if device == ON_CPU:
-            cpu_s += c
-        else:
-            gpu_s += c
-        if f.has_rows and device != prev_device:
-            switches += 1
-            prev_device = device
-        if w == STREAMED:
-            copy_s += f.copy_seconds
-            copy_bytes += f.copy_bytes
-        if contended:
-            cpu_busy += c
-        # Per split: max(compute, overlap x next prefetch) + (1 - overlap) x next prefetch.
-        exposed += max(c, overlap * nxt) - c + (1.0 - overlap) * nxt
-    overhead += switches * switch
-    for device in layer_device.values():
-        overhead += figures.layer_overhead[device]
-    uses_gpu = any(w != ON_CPU for w in where)
-    uses_cpu = any(w == ON_CPU for w, u in zip(where, units) if u.kind != EMBEDDING)
-    overhead += graph_overhead_seconds(hw, uses_cpu, uses_gpu, shape.tokens, threads)
-    total = cpu_s + gpu_s + exposed + overhead
+    s = placement_sum(figures.columns, placement_masks(where), kv_gpu_layers, hw.has_gpu, executor.copy_overlap,
+                      figures.switch_seconds, figures.layer_overhead)
+    overhead = s.overhead_seconds + graph_overhead_seconds(hw, s.uses_cpu, s.uses_gpu, shape.tokens, threads)
     return PassCost(
-        seconds=total, cpu_seconds=cpu_s, gpu_seconds=gpu_s, copy_seconds=copy_s,
-        exposed_copy_seconds=exposed, overhead_seconds=overhead, copy_bytes=copy_bytes,
+        seconds=s.cpu_seconds + s.gpu_seconds + s.exposed_copy_seconds + overhead, cpu_seconds=s.cpu_seconds,
+        gpu_seconds=s.gpu_seconds, copy_seconds=s.copy_seconds, exposed_copy_seconds=s.exposed_copy_seconds,
+        overhead_seconds=overhead, copy_bytes=s.copy_bytes,
         # Pageable copies stage through a CPU thread; overlapped CPU splits run at busy speed.
-        cpu_busy_seconds=copy_s + cpu_busy,
+        cpu_busy_seconds=s.copy_seconds + s.cpu_busy_seconds,
     )
 
 
