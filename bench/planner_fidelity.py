@@ -207,13 +207,13 @@ def measure(bench: Bench, sweep: list[Config], rounds: int, quiet: float,
 def predict(model_info, hw, c: Config, context: int, kv_type: str) -> float:
     """The cost model's ms for one configuration: every unit on the CPU, as on this machine."""
     from sidecar.model_info import sub_layers
-    from sidecar.planner.cost_model import ON_CPU, PassShape, pass_cost
+    from sidecar.planner.cost_model import ON_CPU, FiguresMemo, PassShape, pass_cost
     from sidecar.planner.search import prompt_passes
 
     units = sub_layers(model_info)
     where = tuple(ON_CPU for _ in units)
     shapes = [PassShape.decode(c.tokens, context)] if c.phase == "decode" else list(prompt_passes(c.tokens, c.n_ubatch))
-    memo: dict = {}
+    memo = FiguresMemo()
     return 1e3 * sum(pass_cost(hw, model_info, units, where, frozenset(), s, c.threads, kv_type, memo=memo).seconds
                      for s in shapes)
 

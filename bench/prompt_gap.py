@@ -80,8 +80,8 @@ def one_round(client, load: str, tokens: int, tag: str) -> dict:
             client.complete(pb.GenerateRequest(prompt=prompt, max_tokens=1))
             outcome = "served"
         except Exception as e:  # noqa: BLE001 - the refusal is what the large ones get
-            outcome = getattr(e, "code", lambda: type(e).__name__)()
-            outcome = getattr(outcome, "name", str(outcome))
+            code = e.code() if callable(getattr(e, "code", None)) else type(e).__name__
+            outcome = getattr(code, "name", str(code))
         took = time.perf_counter() - t0
     for t in threads:
         t.join()

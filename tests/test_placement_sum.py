@@ -1,6 +1,6 @@
 """placement_sum.py's array sum against the unit-by-unit loop it replaced (kept below as the
 reference): every field of every pass cost agrees to rounding, on random placements of real models'
-units (a dense 8B and a 30B MoE) on each preset machine, decode and prefill passes, with the
+units (a dense 8B, a 30B MoE, and Gemma 3 with its sliding-window layers) on each preset machine, decode and prefill passes, with the
 executor that copies synchronously and the one that overlaps copies, and random KV placements."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from sidecar.model_info import ATTENTION, sub_layers
+from sidecar.model_info import ATTENTION, model_from_hf_config, sub_layers
 from sidecar.model_info.model import ModelInfo
 from sidecar.model_info.units import EMBEDDING, SubLayer
 from sidecar.planner.cost_model import (
@@ -17,6 +17,7 @@ from sidecar.planner.cost_model import (
     pass_figures, placed_pass_cost,
 )
 from sidecar.planner.hardware_model import ON_CPU, ON_GPU, HardwareModel
+from test_model_info import GEMMA3_4B
 from test_planner import HARDWARE, model
 
 FIELDS = ("seconds", "cpu_seconds", "gpu_seconds", "copy_seconds", "exposed_copy_seconds", "overhead_seconds",
@@ -24,9 +25,11 @@ FIELDS = ("seconds", "cpu_seconds", "gpu_seconds", "copy_seconds", "exposed_copy
 
 
 @pytest.mark.parametrize("hw_name", sorted(HARDWARE))
-@pytest.mark.parametrize("model_name", ["llama_8b", "qwen3_30b_a3b"])
+@pytest.mark.parametrize("model_name", ["llama_8b", "qwen3_30b_a3b", "gemma3_4b"])
 def test_the_array_sum_equals_the_unit_loop(hw_name: str, model_name: str) -> None:
-    hw, m = HARDWARE[hw_name](), model(model_name)
+    hw = HARDWARE[hw_name]()
+    m = model_from_hf_config(GEMMA3_4B, "Q4_K_M", name="Gemma-3-4B") if model_name == "gemma3_4b" else model(model_name)
+    assert m.swa_layers or model_name != "gemma3_4b", "Gemma 3's sliding-window layers are what it is here for"
     units = sub_layers(m)
     rng = random.Random(f"{hw_name}/{model_name}")
     ways = (ON_CPU, ON_GPU, STREAMED) if hw.has_gpu else (ON_CPU,)

@@ -15,6 +15,7 @@ from sidecar.planner.cost_model import (
     ON_CPU,
     ON_GPU,
     OP_OFFLOAD,
+    FiguresMemo,
     STREAMED,
     PassShape,
     compute_seconds,
@@ -171,7 +172,7 @@ def test_a_pass_figures_memo_prices_every_placement_as_a_fresh_pass(llama8):
     # what it predicts must not depend on what was priced before.
     hw = laptop_4gb_pcie4x8()
     units = sub_layers(llama8)
-    memo: dict = {}
+    memo = FiguresMemo()
     placements = [tuple(ON_CPU for _ in units), tuple(ON_CPU if u.kind == "embedding" else ON_GPU for u in units),
                   tuple(ON_CPU if u.kind == "embedding" else (STREAMED, ON_GPU, ON_CPU)[i % 3]
                         for i, u in enumerate(units))]
@@ -182,7 +183,7 @@ def test_a_pass_figures_memo_prices_every_placement_as_a_fresh_pass(llama8):
                     fresh = pass_cost(hw, llama8, units, where, kv, shape, 8, "F16", executor)
                     assert pass_cost(hw, llama8, units, where, kv, shape, 8, "F16", executor, memo) == fresh
     # One entry per (shape, threads, KV type, contention), not per placement.
-    assert len(memo) == 2 * 2
+    assert len(memo.figures) == 2 * 2
 
 
 def test_unit_costs_are_the_per_device_formulas(qwen):

@@ -26,15 +26,17 @@ the same pass. The terms, and why each is there:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, MutableMapping
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from sidecar.model_info.kv import attention_flops, kv_read_bytes
 from sidecar.model_info.model import ModelInfo
 from sidecar.model_info.units import ATTENTION, EMBEDDING, MOE_EXPERTS, OUTPUT, SubLayer
 from sidecar.planner.hardware_model import GB, GRAPH_OVERHEAD, LAYER_OVERHEAD, ON_CPU, ON_GPU, HardwareModel
 from sidecar.planner.measured import measured_overhead, measured_seconds
-from sidecar.planner.placement_sum import STREAMED, UnitColumns, placement_masks, placement_sum, unit_columns
+from sidecar.planner.placement_sum import (
+    STREAMED, UnitColumns, UnitLayout, placement_masks, placement_sum, unit_columns, unit_layout,
+)
 from sidecar.profiler.plan import OP_ATTENTION, OP_FFN, OP_MOE
 
 # A unit runs on the CPU (ON_CPU), on the GPU from VRAM (ON_GPU), or on the GPU with its weights
@@ -340,44 +342,48 @@ class PassFigures:
 
 
 def pass_figures(hw: HardwareModel, model: ModelInfo, units: tuple[SubLayer, ...], shape: PassShape,
-                 threads: int, kv_type: str = "F16", contention: bool = False) -> PassFigures:
-    """The placement-independent figures of one pass (see PassFigures)."""
-    priced: dict[tuple, UnitCost] = {}
-    costs = []
-    for u in units:
-        # Every layer's units usually share shape and type: price each signature once.
-        signature = cost_signature(u)
-        cost = priced.get(signature)
-        if cost is None:
-            cost = priced[signature] = unit_cost(hw, u, shape, threads, contention)
-        costs.append(cost)
-    # Layers' attention differs only by sliding window (kv.py), so one layer of each kind stands
-    # for all of them.
-    swa = frozenset(model.swa_layers)
-    standing_for: dict[bool, int] = {}
-    for u in units:
-        if u.layer is not None and u.kind == ATTENTION:
-            standing_for.setdefault(u.layer in swa, u.layer)
+                 threads: int, kv_type: str = "F16", contention: bool = False,
+                 layout: UnitLayout | None = None) -> PassFigures:
+    """The placement-independent figures of one pass (see PassFigures); `layout` is
+    `units_layout(model, units)`, when the caller keeps it."""
+    if layout is None:
+        layout = units_layout(model, units)
+    # Every layer's units usually share shape and type: each signature is priced once.
+    priced = [unit_cost(hw, u, shape, threads, contention) for u in layout.representatives]
+    costs = tuple(priced[i] for i in layout.index.tolist())
     kv_devices = (ON_CPU, ON_GPU) if hw.has_gpu else (ON_CPU,)
     attention = {(sliding, device): attention_context_seconds(hw, model, layer, device, shape, threads, kv_type)
-                 for sliding, layer in standing_for.items() for device in kv_devices}
+                 for sliding, layer in layout.standing_for.items() for device in kv_devices}
     overhead = {device: layer_overhead_seconds(hw, device, shape.tokens, threads) for device in (ON_CPU, ON_GPU)}
-    return PassFigures(tuple(costs), attention, overhead, switch_seconds(hw, model, shape.tokens),
-                       unit_columns(costs, units, swa, attention))
+    return PassFigures(costs, attention, overhead, switch_seconds(hw, model, shape.tokens),
+                       unit_columns(priced, layout, attention))
 
 
-# Keys of a figures memo: (shape, threads, KV type, contention).
-FiguresMemo = MutableMapping[tuple[PassShape, int, str, bool], PassFigures]
+def units_layout(model: ModelInfo, units: tuple[SubLayer, ...]) -> UnitLayout:
+    """What pass_figures and placed_pass_cost read of `units` (placement_sum.UnitLayout); units
+    cost alike when their cost_signature is equal, and layers' attention differs only by sliding
+    window (kv.py)."""
+    return unit_layout(units, frozenset(model.swa_layers), cost_signature)
+
+
+@dataclass
+class FiguresMemo:
+    """Pass figures kept across a search, which prices the same pass under many placements. One
+    memo serves one (hardware, model, units) only: those are not part of its keys."""
+
+    figures: dict[tuple[PassShape, int, str, bool], PassFigures] = field(default_factory=dict)
+    layout: UnitLayout | None = None
 
 
 def memoised_pass_figures(memo: FiguresMemo, hw: HardwareModel, model: ModelInfo, units: tuple[SubLayer, ...],
                           shape: PassShape, threads: int, kv_type: str, contention: bool) -> PassFigures:
-    """`pass_figures`, kept in `memo`: a search prices the same pass under many placements. One
-    memo serves one (hardware, model, units) only; those are not part of its key."""
+    """`pass_figures`, kept in `memo` by (shape, threads, KV type, contention)."""
     key = (shape, threads, kv_type, contention)
-    figures = memo.get(key)
+    figures = memo.figures.get(key)
     if figures is None:
-        figures = memo[key] = pass_figures(hw, model, units, shape, threads, kv_type, contention)
+        if memo.layout is None:
+            memo.layout = units_layout(model, units)
+        figures = memo.figures[key] = pass_figures(hw, model, units, shape, threads, kv_type, contention, memo.layout)
     return figures
 
 

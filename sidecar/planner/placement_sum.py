@@ -1,10 +1,11 @@
 """One placement's pass time summed over its units in array operations (cost_model.placed_pass_cost).
 
 A search prices thousands of placements of the same pass: a 30B MoE on a desktop took 3,264 of
-them per plan, over ~100 units each. Summed unit by unit in Python that loop was 55% of a plan's
-wall time (sampled). Here each pass's figures become columns once (UnitColumns, built with the
-figures), each placement's masks once (placement_masks, kept while a search runs), and each
-placement's sum is a handful of operations on them.
+them per plan, over ~100 units each, and built ~900 passes' figures. Summed unit by unit in Python
+that loop was 55% of a plan's wall time (sampled), and finding which units cost alike, again for
+every pass, most of the rest of the figures' time. Here the units' layout is found once per search
+(UnitLayout), each pass's figures become columns once (UnitColumns), each placement's masks once
+(placement_masks), and each placement's sum is a handful of operations on them.
 
 The sum is the loop's, term for term: per unit, its compute where it runs (CPU at its busy figure
 when the next unit's copy overlaps it); attention over the cache where the cache lives (a round
@@ -21,7 +22,7 @@ Pure: arrays in, floats out; the masks' memo is keyed by the placement alone.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -56,41 +57,69 @@ class UnitColumns:
     first_of_layer: np.ndarray
 
 
-def unit_columns(costs: Sequence[object], units: Sequence[SubLayer], swa_layers: frozenset[int],
-                 attention: Mapping[tuple[bool, str], float]) -> UnitColumns:
-    """Columns of `costs` (cost_model.UnitCost, one per unit) and `units`; `attention` is
-    PassFigures.attention, by (sliding-window layer, device holding the KV)."""
-    # Units of one shape share a UnitCost (pass_figures prices each signature once): one row per
-    # distinct cost, then one index per unit.
-    row_of: dict[int, int] = {}
-    rows: list[tuple[float, ...]] = []
+@dataclass(frozen=True, eq=False)
+class UnitLayout:
+    """What placement_sum and pass_figures read of one model's units, found once per search: a
+    search builds ~900 passes' figures over the same ~100 units."""
+
+    # Units that cost alike (cost_model.cost_signature): one representative of each, and for
+    # every unit the index of its representative.
+    representatives: tuple[SubLayer, ...]
+    index: np.ndarray
+    # One attention layer of each kind (sliding window or not) stands for all of them.
+    standing_for: Mapping[bool, int]
+    not_embedding: np.ndarray
+    attention_at: np.ndarray
+    attention_layers: tuple[int, ...]
+    attention_sliding: np.ndarray
+    first_of_layer: np.ndarray
+
+
+def unit_layout(units: Sequence[SubLayer], swa_layers: frozenset[int], signature: Callable[[SubLayer], tuple]) -> UnitLayout:
+    """The layout of `units`; `signature` says which units cost alike."""
+    slot_of: dict[tuple, int] = {}
+    representatives: list[SubLayer] = []
     index: list[int] = []
-    for c in costs:
-        k = row_of.get(id(c))
+    for u in units:
+        key = signature(u)
+        k = slot_of.get(key)
         if k is None:
-            k = row_of[id(c)] = len(rows)
-            rows.append((c.cpu_seconds, c.cpu_contended_seconds, c.gpu_seconds,  # type: ignore[attr-defined]
-                         c.copy_seconds, c.copy_contended_seconds, c.copy_bytes,  # type: ignore[attr-defined]
-                         float(c.has_rows)))  # type: ignore[attr-defined]
+            k = slot_of[key] = len(representatives)
+            representatives.append(u)
         index.append(k)
-    cpu, cpu_contended, gpu, copy, copy_contended, copy_bytes, has_rows = np.array(rows)[index].T.copy()
     at = [i for i, u in enumerate(units) if u.layer is not None and u.kind == ATTENTION]
     layers = tuple(int(units[i].layer) for i in at)  # type: ignore[arg-type]  # filtered above
+    standing_for: dict[bool, int] = {}
     seen: set[int] = set()
     first = []
     for layer in layers:
+        standing_for.setdefault(layer in swa_layers, layer)
         first.append(layer not in seen)
         seen.add(layer)
+    return UnitLayout(
+        representatives=tuple(representatives), index=np.array(index, dtype=np.intp), standing_for=standing_for,
+        not_embedding=np.array([u.kind != EMBEDDING for u in units], dtype=bool),
+        attention_at=np.array(at, dtype=np.intp), attention_layers=layers,
+        attention_sliding=np.array([layer in swa_layers for layer in layers], dtype=bool),
+        first_of_layer=np.array(first, dtype=bool),
+    )
+
+
+def unit_columns(costs: Sequence[object], layout: UnitLayout, attention: Mapping[tuple[bool, str], float]) -> UnitColumns:
+    """Columns of `costs` (cost_model.UnitCost, one per representative of `layout`); `attention`
+    is PassFigures.attention, by (sliding-window layer, device holding the KV)."""
+    rows = [(c.cpu_seconds, c.cpu_contended_seconds, c.gpu_seconds, c.copy_seconds,  # type: ignore[attr-defined]
+             c.copy_contended_seconds, c.copy_bytes, float(c.has_rows)) for c in costs]  # type: ignore[attr-defined]
+    cpu, cpu_contended, gpu, copy, copy_contended, copy_bytes, has_rows = np.array(rows)[layout.index].T.copy()
+    sliding = layout.attention_sliding
     return UnitColumns(
         cpu=cpu, cpu_contended=cpu_contended, gpu=gpu,
         next_copy=np.append(copy[1:], 0.0), next_copy_contended=np.append(copy_contended[1:], 0.0),
-        copy=copy, copy_bytes=copy_bytes, has_rows=has_rows > 0,
-        not_embedding=np.array([u.kind != EMBEDDING for u in units], dtype=bool),
-        attention_at=np.array(at, dtype=np.intp), attention_layers=layers,
-        attention_core_cpu=np.array([attention[(layer in swa_layers, ON_CPU)] for layer in layers], dtype=np.float64),
-        attention_core_gpu=np.array([attention.get((layer in swa_layers, ON_GPU), np.inf) for layer in layers],
-                                    dtype=np.float64),
-        first_of_layer=np.array(first, dtype=bool),
+        copy=copy, copy_bytes=copy_bytes, has_rows=has_rows > 0, not_embedding=layout.not_embedding,
+        attention_at=layout.attention_at, attention_layers=layout.attention_layers,
+        attention_core_cpu=np.where(sliding, attention.get((True, ON_CPU), np.inf), attention.get((False, ON_CPU), np.inf)),
+        attention_core_gpu=np.where(sliding, attention.get((True, ON_GPU), np.inf), attention.get((False, ON_GPU), np.inf)),
+        first_of_layer=layout.first_of_layer,
     )
 
 

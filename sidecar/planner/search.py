@@ -109,7 +109,7 @@ class Evaluator:
                  kv_type: str, threads: tuple[int, ...]) -> None:
         self.model, self.hw, self.units, self.options = model, hw, units, options
         self.kv_type, self.threads = kv_type, threads
-        self._figures: FiguresMemo = {}
+        self._figures = FiguresMemo()
         self._passes: dict[tuple, PassCost] = {}
         self._where: dict[tuple[Residency, bool, bool], tuple[str, ...]] = {}
 
