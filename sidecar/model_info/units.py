@@ -71,6 +71,8 @@ class SubLayer:
     n_expert: int = 0
     n_expert_used: int = 0
     tied: bool = False
+    # Its biggest tensor: what a streamed copy of it holds in VRAM at once (vram.py).
+    largest_tensor_bytes: int = 0
 
     def experts_touched(self, tokens: int) -> float:
         """Expected distinct experts a pass of `tokens` tokens reads (0 for other units)."""
@@ -136,21 +138,24 @@ def _dominant_type(tensors: list[TensorInfo]) -> str:
 def _unit(name: str, kind: str, layer: int | None, tensors: list[TensorInfo], model: ModelInfo,
           tied: bool = False) -> SubLayer:
     weight_bytes = sum(t.n_bytes for t in tensors)
+    largest = max((t.n_bytes for t in tensors), default=0)
     matrix_bytes = sum(t.n_bytes for t in tensors if t.is_matrix)
     matrix_params = sum(t.n_elements for t in tensors if t.is_matrix)
     if kind == EMBEDDING:
         # A lookup: one row of the embedding matrix per token, no multiply.
         rows = max((t.shape[1] for t in tensors if t.is_matrix), default=1)
         return SubLayer(name, kind, layer, tuple(t.name for t in tensors), weight_bytes,
-                        _dominant_type(tensors), matrix_bytes / max(rows, 1), 0.0)
+                        _dominant_type(tensors), matrix_bytes / max(rows, 1), 0.0, largest_tensor_bytes=largest)
     if kind == MOE_EXPERTS:
         per_expert = model.n_expert_used / max(model.n_expert, 1)
         return SubLayer(name, kind, layer, tuple(t.name for t in tensors), weight_bytes,
                         _dominant_type(tensors), matrix_bytes * per_expert,
-                        2.0 * matrix_params * per_expert, model.n_expert, model.n_expert_used)
+                        2.0 * matrix_params * per_expert, model.n_expert, model.n_expert_used,
+                        largest_tensor_bytes=largest)
     small = weight_bytes - matrix_bytes  # norms and biases, read once per pass
     return SubLayer(name, kind, layer, tuple(t.name for t in tensors), weight_bytes,
-                    _dominant_type(tensors), float(matrix_bytes + small), 2.0 * matrix_params, tied=tied)
+                    _dominant_type(tensors), float(matrix_bytes + small), 2.0 * matrix_params, tied=tied,
+                    largest_tensor_bytes=largest)
 
 
 def sub_layers(model: ModelInfo) -> tuple[SubLayer, ...]:

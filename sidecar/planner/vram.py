@@ -41,10 +41,9 @@ def scratch_bytes(model: ModelInfo, n_ubatch: int, ctx: int, output_on_gpu: bool
     return int(activations * margin) + logits
 
 
-def largest_tensor_bytes(model: ModelInfo, units: Iterable[SubLayer]) -> int:
+def largest_tensor_bytes(units: Iterable[SubLayer]) -> int:
     """The biggest single weight tensor among `units`: what one streamed copy needs in VRAM."""
-    names = {n for u in units for n in u.tensors}
-    return max((t.n_bytes for t in model.tensors if t.name in names), default=0)
+    return max((u.largest_tensor_bytes for u in units), default=0)
 
 
 def vram_by_component(
@@ -70,7 +69,10 @@ def vram_by_component(
         if u.name in resident:
             key = f"weights.{u.kind}"
             parts[key] = parts.get(key, 0) + u.weight_bytes
-    kv = sum(kv_layer_bytes(model, i, ctx, kv_type, n_ubatch, n_seq) for i in kv_layers)
+    # A layer's cache size depends only on whether it slides (kv.py): one of each kind, counted.
+    sliding = kv_layers & frozenset(model.swa_layers)
+    full = kv_layers - sliding
+    kv = sum(len(kind) * kv_layer_bytes(model, min(kind), ctx, kv_type, n_ubatch, n_seq) for kind in (full, sliding) if kind)
     if kv:
         parts["kv_cache"] = kv
     uses_gpu = bool(resident or kv_layers or streaming)
@@ -79,7 +81,7 @@ def vram_by_component(
         parts["compute_scratch"] = scratch_bytes(model, n_ubatch, ctx, output_on_gpu, flash_attention, n_outputs_max)
     if streaming:
         host = [u for u in units if u.name not in resident and u.kind != EMBEDDING]
-        slot = largest_tensor_bytes(model, host)
+        slot = largest_tensor_bytes(host)
         # Routed experts are copied whole-tensor-sized even when only some experts move.
         if slot:
             parts["stream_slot"] = slot
