@@ -66,13 +66,7 @@ def daemon_decode(client, tokens: int, nonce: int) -> tuple[float, float]:
     tokens after the first chunk's over the time from the first chunk to the last. The daemon
     sends the first chunk at once and the last as soon as the reply ends, so pacing in between
     does not move the figure."""
-    from sidecar.api import pb
-
-    req = pb.GenerateRequest(
-        messages=pb.ChatMessages(messages=[pb.ChatMessage(role="system", content=f"Night {nonce}."), pb.ChatMessage(role="user", content=STORY)]),
-        max_tokens=tokens,
-        sampling=pb.SamplingParams(temperature=0.0),
-    )
+    req = story_request(tokens, nonce)
     started = time.perf_counter()
     first = last = None
     after_first = 0
@@ -88,14 +82,20 @@ def daemon_decode(client, tokens: int, nonce: int) -> tuple[float, float]:
     return rate, ((first or time.perf_counter()) - started) * 1e3
 
 
-def story_prompt_tokens(client) -> int:
-    """The prompt tokens of daemon_decode's request, as the daemon counted them."""
+def story_request(tokens: int, nonce: int):
+    """daemon_decode's request: the story, greedy, opened by a line of its own per run."""
     from sidecar.api import pb
 
-    req = pb.GenerateRequest(
-        messages=pb.ChatMessages(messages=[pb.ChatMessage(role="system", content="Night 0."), pb.ChatMessage(role="user", content=STORY)]),
-        max_tokens=1, sampling=pb.SamplingParams(temperature=0.0))
-    return next(c.final.usage.prompt_tokens for c in client.generate(req) if c.HasField("final"))
+    return pb.GenerateRequest(
+        messages=pb.ChatMessages(messages=[pb.ChatMessage(role="system", content=f"Night {nonce}."), pb.ChatMessage(role="user", content=STORY)]),
+        max_tokens=tokens,
+        sampling=pb.SamplingParams(temperature=0.0),
+    )
+
+
+def story_prompt_tokens(client) -> int:
+    """The prompt tokens of daemon_decode's request, as the daemon counted them."""
+    return next(c.final.usage.prompt_tokens for c in client.generate(story_request(1, 0)) if c.HasField("final"))
 
 
 def llama_decode(llm, tokens: int, nonce: int) -> tuple[float, float]:

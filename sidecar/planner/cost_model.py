@@ -35,7 +35,7 @@ from sidecar.model_info.units import ATTENTION, EMBEDDING, MOE_EXPERTS, OUTPUT, 
 from sidecar.planner.hardware_model import GB, GRAPH_OVERHEAD, LAYER_OVERHEAD, ON_CPU, ON_GPU, HardwareModel
 from sidecar.planner.measured import measured_overhead, measured_seconds
 from sidecar.planner.placement_sum import (
-    STREAMED, UnitColumns, UnitLayout, placement_masks, placement_sum, unit_columns, unit_layout,
+    STREAMED, PassCost, UnitColumns, UnitLayout, placement_masks, placement_sum, unit_columns, unit_layout,
 )
 from sidecar.profiler.plan import OP_ATTENTION, OP_FFN, OP_MOE
 
@@ -115,22 +115,6 @@ class PassShape:
     def prefill(tokens: int, offset: int = 0, last: bool = True) -> PassShape:
         """A chunk of one prompt starting at `offset`; only the prompt's last chunk wants logits."""
         return PassShape(tokens, 1, offset, 1 if last else 0)
-
-
-@dataclass(frozen=True)
-class PassCost:
-    """Predicted time of one pass and where it went (seconds)."""
-
-    seconds: float
-    cpu_seconds: float
-    gpu_seconds: float
-    copy_seconds: float
-    exposed_copy_seconds: float
-    overhead_seconds: float
-    copy_bytes: float
-    # CPU time spent while copies run: the staging of pageable copies, plus CPU splits that
-    # overlap a copy.
-    cpu_busy_seconds: float
 
 
 # ------------------------------------------------------------------ roofline fallbacks
@@ -395,16 +379,9 @@ def placed_pass_cost(hw: HardwareModel, model: ModelInfo, units: tuple[SubLayer,
     lives)."""
     if len(where) != len(units) or len(figures.units) != len(units):
         raise ValueError("one placement and one figure per unit")
-    s = placement_sum(figures.columns, placement_masks(where), kv_gpu_layers, hw.has_gpu, executor.copy_overlap,
-                      figures.switch_seconds, figures.layer_overhead)
-    overhead = s.overhead_seconds + graph_overhead_seconds(hw, s.uses_cpu, s.uses_gpu, shape.tokens, threads)
-    return PassCost(
-        seconds=s.cpu_seconds + s.gpu_seconds + s.exposed_copy_seconds + overhead, cpu_seconds=s.cpu_seconds,
-        gpu_seconds=s.gpu_seconds, copy_seconds=s.copy_seconds, exposed_copy_seconds=s.exposed_copy_seconds,
-        overhead_seconds=overhead, copy_bytes=s.copy_bytes,
-        # Pageable copies stage through a CPU thread; overlapped CPU splits run at busy speed.
-        cpu_busy_seconds=s.copy_seconds + s.cpu_busy_seconds,
-    )
+    return placement_sum(figures.columns, placement_masks(where), kv_gpu_layers, hw.has_gpu, executor.copy_overlap,
+                         figures.switch_seconds, figures.layer_overhead,
+                         lambda uses_cpu, uses_gpu: graph_overhead_seconds(hw, uses_cpu, uses_gpu, shape.tokens, threads))
 
 
 def pass_cost(

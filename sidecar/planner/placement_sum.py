@@ -16,7 +16,7 @@ cross PCIe during the previous split, hidden by the executor's overlap. Only the
 additions differs, so figures agree to rounding (tests/test_placement_sum.py checks them against
 the loop on random placements).
 
-Pure: arrays in, floats out; the masks' memo is keyed by the placement alone.
+Pure: arrays in, a PassCost out; the masks' memo is keyed by the placement alone.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -31,6 +32,41 @@ from sidecar.model_info.units import ATTENTION, EMBEDDING, SubLayer
 from sidecar.planner.hardware_model import ON_CPU, ON_GPU
 
 STREAMED = "streamed"  # cost_model.STREAMED (which imports this module)
+
+
+@dataclass(frozen=True)
+class PassCost:
+    """Predicted time of one pass and where it went (seconds)."""
+
+    seconds: float
+    cpu_seconds: float
+    gpu_seconds: float
+    copy_seconds: float
+    exposed_copy_seconds: float
+    overhead_seconds: float
+    copy_bytes: float
+    # CPU time spent while copies run: the staging of pageable copies, plus CPU splits that
+    # overlap a copy.
+    cpu_busy_seconds: float
+
+
+class PricedUnit(Protocol):
+    """What unit_columns reads of one unit's price (cost_model.UnitCost, frozen: read-only)."""
+
+    @property
+    def cpu_seconds(self) -> float: ...
+    @property
+    def cpu_contended_seconds(self) -> float: ...
+    @property
+    def gpu_seconds(self) -> float: ...
+    @property
+    def copy_seconds(self) -> float: ...
+    @property
+    def copy_contended_seconds(self) -> float: ...
+    @property
+    def copy_bytes(self) -> float: ...
+    @property
+    def has_rows(self) -> bool: ...
 
 
 @dataclass(frozen=True, eq=False)
@@ -46,15 +82,11 @@ class UnitColumns:
     copy: np.ndarray
     copy_bytes: np.ndarray
     has_rows: np.ndarray
-    not_embedding: np.ndarray
-    # The attention units (a layer's): their indices, layers, and their layer's attention over
-    # a cache held on the CPU and (where there is one) the GPU.
-    attention_at: np.ndarray
-    attention_layers: tuple[int, ...]
+    # Each attention unit's layer's attention over a cache held on the CPU and (where there is
+    # one) the GPU, in the order of layout.attention_at.
     attention_core_cpu: np.ndarray
     attention_core_gpu: np.ndarray
-    # Of those, the first unit of each layer: the layer's overhead goes to its device.
-    first_of_layer: np.ndarray
+    layout: UnitLayout
 
 
 @dataclass(frozen=True, eq=False)
@@ -69,9 +101,11 @@ class UnitLayout:
     # One attention layer of each kind (sliding window or not) stands for all of them.
     standing_for: Mapping[bool, int]
     not_embedding: np.ndarray
+    # The attention units (a layer's): their indices, layers, and whether they slide.
     attention_at: np.ndarray
     attention_layers: tuple[int, ...]
     attention_sliding: np.ndarray
+    # Of those, the first unit of each layer: the layer's overhead goes to its device.
     first_of_layer: np.ndarray
 
 
@@ -105,21 +139,21 @@ def unit_layout(units: Sequence[SubLayer], swa_layers: frozenset[int], signature
     )
 
 
-def unit_columns(costs: Sequence[object], layout: UnitLayout, attention: Mapping[tuple[bool, str], float]) -> UnitColumns:
-    """Columns of `costs` (cost_model.UnitCost, one per representative of `layout`); `attention`
-    is PassFigures.attention, by (sliding-window layer, device holding the KV)."""
-    rows = [(c.cpu_seconds, c.cpu_contended_seconds, c.gpu_seconds, c.copy_seconds,  # type: ignore[attr-defined]
-             c.copy_contended_seconds, c.copy_bytes, float(c.has_rows)) for c in costs]  # type: ignore[attr-defined]
+def unit_columns(costs: Sequence[PricedUnit], layout: UnitLayout,
+                 attention: Mapping[tuple[bool, str], float]) -> UnitColumns:
+    """Columns of `costs` (one per representative of `layout`); `attention` is
+    PassFigures.attention, by (sliding-window layer, device holding the KV)."""
+    rows = [(c.cpu_seconds, c.cpu_contended_seconds, c.gpu_seconds, c.copy_seconds,
+             c.copy_contended_seconds, c.copy_bytes, float(c.has_rows)) for c in costs]
     cpu, cpu_contended, gpu, copy, copy_contended, copy_bytes, has_rows = np.array(rows)[layout.index].T.copy()
     sliding = layout.attention_sliding
     return UnitColumns(
         cpu=cpu, cpu_contended=cpu_contended, gpu=gpu,
         next_copy=np.append(copy[1:], 0.0), next_copy_contended=np.append(copy_contended[1:], 0.0),
-        copy=copy, copy_bytes=copy_bytes, has_rows=has_rows > 0, not_embedding=layout.not_embedding,
-        attention_at=layout.attention_at, attention_layers=layout.attention_layers,
+        copy=copy, copy_bytes=copy_bytes, has_rows=has_rows > 0,
         attention_core_cpu=np.where(sliding, attention.get((True, ON_CPU), np.inf), attention.get((False, ON_CPU), np.inf)),
         attention_core_gpu=np.where(sliding, attention.get((True, ON_GPU), np.inf), attention.get((False, ON_GPU), np.inf)),
-        first_of_layer=layout.first_of_layer,
+        layout=layout,
     )
 
 
@@ -146,24 +180,12 @@ def _kv_on_gpu(layers: tuple[int, ...], kv_gpu_layers: frozenset[int]) -> np.nda
     return np.array([layer in kv_gpu_layers for layer in layers], dtype=bool)
 
 
-@dataclass(frozen=True)
-class PlacementSum:
-    """One placement's pass, before the per-pass graph overhead (which needs the hardware)."""
-
-    cpu_seconds: float
-    gpu_seconds: float
-    copy_seconds: float
-    exposed_copy_seconds: float
-    overhead_seconds: float
-    copy_bytes: float
-    cpu_busy_seconds: float
-    uses_cpu: bool
-    uses_gpu: bool
-
-
 def placement_sum(col: UnitColumns, masks: PlacementMasks, kv_gpu_layers: frozenset[int], has_gpu: bool,
-                  copy_overlap: float, switch_seconds: float, layer_overhead: Mapping[str, float]) -> PlacementSum:
-    """The sum for one placement (`masks`); `copy_overlap` is the executor's."""
+                  copy_overlap: float, switch_seconds: float, layer_overhead: Mapping[str, float],
+                  graph_overhead: Callable[[bool, bool], float]) -> PassCost:
+    """The pass cost of one placement (`masks`); `copy_overlap` is the executor's, and
+    `graph_overhead(uses_cpu, uses_gpu)` the pass's own (cost_model.graph_overhead_seconds)."""
+    layout = col.layout
     on_cpu, on_gpu = masks.on_cpu, masks.on_gpu
     overlap = copy_overlap if masks.streaming else 0.0
     if overlap > 0:
@@ -173,10 +195,10 @@ def placement_sum(col: UnitColumns, masks: PlacementMasks, kv_gpu_layers: frozen
         contended = None
         compute = np.where(on_cpu, col.cpu, col.gpu)
     cpu_s = gpu_s = overhead = 0.0
-    at = col.attention_at
+    at = layout.attention_at
     if at.size:
         if has_gpu and kv_gpu_layers:
-            kv_on_gpu = _kv_on_gpu(col.attention_layers, kv_gpu_layers)
+            kv_on_gpu = _kv_on_gpu(layout.attention_layers, kv_gpu_layers)
             core = np.where(kv_on_gpu, col.attention_core_gpu, col.attention_core_cpu)
         else:
             kv_on_gpu = np.zeros(at.size, dtype=bool)
@@ -190,8 +212,9 @@ def placement_sum(col: UnitColumns, masks: PlacementMasks, kv_gpu_layers: frozen
             cpu_s += float(core[away & ~kv_on_gpu].sum())
             gpu_s += float(core[away & kv_on_gpu].sum())
             overhead += 2 * switch_seconds * int(away.sum())
-        on_gpu_layers = int(runs_on_gpu[col.first_of_layer].sum())
-        overhead += ((len(col.first_of_layer.nonzero()[0]) - on_gpu_layers) * layer_overhead[ON_CPU]
+        first_on_gpu = runs_on_gpu[layout.first_of_layer]
+        on_gpu_layers = int(first_on_gpu.sum())
+        overhead += ((first_on_gpu.size - on_gpu_layers) * layer_overhead[ON_CPU]
                      + on_gpu_layers * layer_overhead[ON_GPU])
     cpu_s += float(compute[on_cpu].sum())
     gpu_s += float(compute[on_gpu].sum())
@@ -211,8 +234,10 @@ def placement_sum(col: UnitColumns, masks: PlacementMasks, kv_gpu_layers: frozen
         copy_bytes = float(col.copy_bytes[streamed].sum())
         if contended is not None:
             busy = float(compute[contended].sum())
-    return PlacementSum(
-        cpu_seconds=cpu_s, gpu_seconds=gpu_s, copy_seconds=copy_s, exposed_copy_seconds=exposed,
-        overhead_seconds=overhead, copy_bytes=copy_bytes, cpu_busy_seconds=busy,
-        uses_cpu=bool((on_cpu & col.not_embedding).any()), uses_gpu=bool(on_gpu.any()),
+    overhead += graph_overhead(bool((on_cpu & layout.not_embedding).any()), bool(on_gpu.any()))
+    return PassCost(
+        seconds=cpu_s + gpu_s + exposed + overhead, cpu_seconds=cpu_s, gpu_seconds=gpu_s, copy_seconds=copy_s,
+        exposed_copy_seconds=exposed, overhead_seconds=overhead, copy_bytes=copy_bytes,
+        # Pageable copies stage through a CPU thread; overlapped CPU splits run at busy speed.
+        cpu_busy_seconds=copy_s + busy,
     )
