@@ -111,3 +111,31 @@ def test_parallel_tool_calls_come_back_in_tool_calls(client) -> None:
         assert {c.name for c in final.tool_calls} <= {"give_item", "wave"}
     else:
         assert final.finish_reason == pb.FINISH_REASON_LENGTH  # cut short: no whole JSON to read
+
+
+def test_token_id_prompts_are_fed_as_given(client) -> None:
+    """prompt_tokens reach the model exactly: "Hello there" spelled one character per token (ids
+    the text's own tokenization would never give) is as many prompt tokens, and no BOS is added."""
+    text = "Hello there"
+    ids = [client.tokenize(c)[0] for c in text]
+    assert len(client.tokenize(text)) < len(ids)  # the mechanism shows only where they differ
+    reply = client.complete(pb.GenerateRequest(prompt_tokens=pb.TokenIds(ids=ids), max_tokens=3, sampling=GREEDY))
+    assert reply.final.usage.prompt_tokens == len(ids)
+    # Again: the same ids are the same prefix, found in the cache.
+    again = client.complete(pb.GenerateRequest(prompt_tokens=pb.TokenIds(ids=ids), max_tokens=1, sampling=GREEDY))
+    assert again.final.usage.prompt_tokens == len(ids) and again.final.usage.cached_prompt_tokens > 0
+
+
+@pytest.mark.parametrize("request_kwargs, why", [
+    ({"prompt_tokens": pb.TokenIds(ids=[])}, "empty"),
+    ({"prompt_tokens": pb.TokenIds(ids=[1, 10**8])}, "prompt_tokens[1]"),
+    ({"prompt_tokens": pb.TokenIds(ids=[-5])}, "prompt_tokens[0]"),
+    ({"prompt_tokens": pb.TokenIds(ids=[1, 2]), "session_id": "brann"}, "one-off"),
+    ({"prompt_tokens": pb.TokenIds(ids=[1, 2]), "context": "The village of Oakvale."}, "context"),
+    ({"prompt_tokens": pb.TokenIds(ids=[1] * 100_000)}, "limit"),
+])
+def test_bad_token_id_prompts_are_refused_by_name(client, request_kwargs: dict, why: str) -> None:
+    with pytest.raises(grpc.RpcError) as err:
+        client.complete(pb.GenerateRequest(max_tokens=1, **request_kwargs))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and why in err.value.details(), err.value.details()
+    assert client.complete(ask(max_tokens=1)).final is not None  # nothing else is lost

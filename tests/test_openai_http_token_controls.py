@@ -160,9 +160,18 @@ def test_several_prompts_and_token_id_prompts(client: openai.OpenAI, raw: httpx.
     assert [c.index for c in reply.choices] == [0, 1, 2, 3]
     ids = raw.post("/tokenize", json={"content": "Once upon a time"}).json()["tokens"]
     by_ids = client.completions.create(model="x", prompt=ids, max_tokens=4, **GREEDY)
-    assert len(ids) <= by_ids.usage.prompt_tokens <= len(ids) + 1  # the model's BOS, where it wants one
+    assert by_ids.usage.prompt_tokens == len(ids)  # fed as given: no BOS added, nothing tokenized again
     both = client.completions.create(model="x", prompt=[ids, ids], max_tokens=2, **GREEDY)
     assert len(both.choices) == 2
+    # In a session the ids go on as their text, which is what a session keeps and matches a resent
+    # prompt on; the next turn, resent with more text, continues it.
+    first = client.completions.create(model="x", prompt=ids, max_tokens=2, extra_headers={"X-Session-Id": "ids-npc"}, **GREEDY)
+    said = raw.post("/detokenize", json={"tokens": ids}).json()["content"] + first.choices[0].text
+    later = client.completions.create(model="x", prompt=said + " And then", max_tokens=2,
+                                      extra_headers={"X-Session-Id": "ids-npc"}, **GREEDY)
+    assert later.usage.prompt_tokens_details.cached_tokens > 0
+    bad = raw.post("/v1/completions", json={"model": "x", "prompt": [1, 10**8], "max_tokens": 1})
+    assert bad.status_code == 400 and "prompt_tokens[1]" in bad.json()["error"]["message"], bad.text
 
 
 @pytest.mark.parametrize("prompt", [["Once upon a time"] * 17, [[1, 2, 3]] * 17])

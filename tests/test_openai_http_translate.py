@@ -100,6 +100,15 @@ def test_candidates_and_several_prompts_are_one_offs() -> None:
     assert translate.completion_requests(one, "npc", 2048, ["a"])[0].request.session_id == "npc"
 
 
+def test_token_id_prompts_go_on_as_token_ids() -> None:
+    parsed = CompletionRequest.model_validate_json(json.dumps({"prompt": [[5, 6], [7]]}), strict=True)
+    texts, ids = translate.prompt_texts(parsed)
+    turns = translate.completion_requests(parsed, "npc", 2048, [*texts, *ids])
+    assert [list(t.request.prompt_tokens.ids) for t in turns] == [[5, 6], [7]]
+    assert all(t.request.WhichOneof("input") == "prompt_tokens" and not t.request.session_id for t in turns)
+    assert convert.generation_spec_from_pb(turns[0].request, 2048).prompt.token_ids == (5, 6)
+
+
 def test_tool_choice_none_ignores_the_tools() -> None:
     turn = chat(tools=[{"type": "function", "function": {"name": "attack"}}], tool_choice="none")
     assert turn.request.json_schema == ""

@@ -82,6 +82,8 @@ def test_completion_body_without_model_or_seed() -> None:
     body = wire.completion_body(None, "Once upon", _spec(prompt=Prompt(text="Once upon")))
     assert body["prompt"] == "Once upon" and "model" not in body and "seed" not in body
     assert body["top_k"] == SamplingConfig().top_k and "response_format" not in body
+    ids = wire.completion_body(None, [5, 6], _spec(prompt=Prompt(token_ids=(5, 6))))
+    assert ids["prompt"] == [5, 6]
 
 
 @pytest.mark.parametrize(
@@ -502,3 +504,20 @@ def test_remote_flags_that_do_not_go_together_exit_2(tmp_path: Path) -> None:
         done = subprocess.run(base + flags, capture_output=True, text=True, timeout=60, env=env)
         assert done.returncode == 2, (flags, done.stderr)
         assert said in done.stderr, done.stderr
+
+
+
+@needs_server
+def test_token_id_prompts_are_forwarded_as_ids(remote_daemon: RunningDaemon, smollm2_path: Path) -> None:
+    """The ids go on as a list of integers, as the OpenAI API takes them (llama-server and vLLM
+    do). llama-cpp-python's server takes text only: its refusal, which quotes what it was sent,
+    shows the ids went as ids, and reaches the game as an error while the daemon serves on."""
+    from llama_cpp import Llama
+
+    vocab = Llama(model_path=str(smollm2_path), vocab_only=True, verbose=False)
+    ids = [vocab.tokenize(c.encode(), add_bos=False)[0] for c in "Hello there"]
+    with remote_daemon.client(timeout_s=60) as client:
+        with pytest.raises(grpc.RpcError) as err:
+            client.complete(pb.GenerateRequest(prompt_tokens=pb.TokenIds(ids=ids), max_tokens=2))
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE and str(ids) in err.value.details()
+        assert client.complete(pb.GenerateRequest(prompt="Hello", max_tokens=2)).final is not None

@@ -37,10 +37,12 @@ ROLES = ("system", "user", "assistant")
 
 @dataclass(frozen=True)
 class Prompt:
-    """Either chat messages ((role, content) pairs, formatted by the model's template) or raw text."""
+    """Chat messages ((role, content) pairs, formatted by the model's template), raw text, or raw
+    token ids (fed as given: a client that tokenized its prompt gets exactly those tokens)."""
 
     messages: tuple[tuple[str, str], ...] | None = None
     text: str | None = None
+    token_ids: tuple[int, ...] | None = None
     # Shared world context before the NPC's own prompt (shared_context.py); used on a session's
     # first turn only.
     context: str = ""
@@ -53,7 +55,7 @@ class Prompt:
     memories: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        if (self.messages is None) == (self.text is None):
+        if [self.messages, self.text, self.token_ids].count(None) != 2:
             raise InvalidArgument("give either chat messages or a raw prompt")
         if self.messages is not None:
             if not self.messages:
@@ -61,6 +63,11 @@ class Prompt:
             for role, _content in self.messages:
                 if role not in ROLES:
                     raise InvalidArgument(f"unknown role {role!r}; use one of {', '.join(ROLES)}")
+        elif self.token_ids is not None:
+            if not self.token_ids:
+                raise InvalidArgument("prompt_tokens is empty")
+            if self.context or self.tool_instructions:
+                raise InvalidArgument("a token-id prompt is the whole prompt: put the context in its tokens")
         elif not self.text:
             raise InvalidArgument("prompt is empty")
 

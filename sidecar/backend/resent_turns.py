@@ -38,6 +38,8 @@ def resolve(spec: GenerationSpec, session: Session | None) -> GenerationSpec:
         new, reset = _chat_turn(session, list(spec.prompt.messages or ()))
         return _with_new_image(replace(spec, prompt=replace(spec.prompt, messages=tuple(new)), reset_session=reset,
                                        resends_history=False))
+    if spec.prompt.token_ids is not None:  # one-off: no session holds any of it
+        return replace(spec, resends_history=False)
     text, reset = _prompt_turn(session, spec.prompt.text or "")
     return replace(spec, prompt=replace(spec.prompt, text=text), reset_session=reset, resends_history=False)
 

@@ -287,6 +287,8 @@ class RemoteBackend:
             history = list(session.messages) if session else []
             conversation = history + new_turn(p, history)
             return conversation, "chat/completions", wire.chat_body(self.options.model, conversation, spec)
+        if p.token_ids is not None:  # a one-off (convert.py): the ids go on as the API takes them
+            return [], "completions", wire.completion_body(self.options.model, list(p.token_ids), spec)
         fresh = session is None or session.is_empty  # the shared context opens a conversation only
         prompt = (session.text if session else "") + (p.context if fresh else "") + (p.text or "")
         return [], "completions", wire.completion_body(self.options.model, prompt, spec)

@@ -29,8 +29,9 @@ def chat_body(model: str | None, messages: list[tuple[str, str]], spec: Generati
     return _common(body, model, spec)
 
 
-def completion_body(model: str | None, prompt: str, spec: GenerationSpec) -> dict:
-    """A streaming /completions request for a raw prompt (the session's text so far included)."""
+def completion_body(model: str | None, prompt: str | list[int], spec: GenerationSpec) -> dict:
+    """A streaming /completions request for a raw prompt (the session's text so far included), or
+    for token ids, which the OpenAI API takes as a list of integers."""
     return _common({"prompt": prompt}, model, spec)
 
 

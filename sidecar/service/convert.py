@@ -115,6 +115,9 @@ def check_request_size(r: pb.GenerateRequest, max_prompt_tokens: int | None) -> 
         return
     if r.WhichOneof("input") == "messages":
         check_message_count(len(r.messages.messages), max_prompt_tokens)
+    if len(r.prompt_tokens.ids) > max_prompt_tokens:  # counted, not estimated from bytes
+        raise ContextLengthExceeded(f"the prompt is {len(r.prompt_tokens.ids)} tokens; the limit is "
+                                    f"{max_prompt_tokens} (--max-prompt-tokens)")
     sizes = request_text_bytes(r)
     check_prompt_size(sum(sizes.values()), max_prompt_tokens, what=" + ".join(f"{k} {v}" for k, v in sizes.items() if v))
 
@@ -155,6 +158,11 @@ def generation_spec_from_pb(r: pb.GenerateRequest, max_prompt_tokens: int | None
         prompt = Prompt(messages=tuple((m.role, m.content) for m in r.messages.messages), context=r.context)
     elif which == "prompt":
         prompt = Prompt(text=r.prompt, context=r.context)
+    elif which == "prompt_tokens":
+        if r.session_id:
+            # A session keeps its text and is matched on it turn by turn (resent_turns.py).
+            raise InvalidArgument("prompt_tokens is for one-off prompts: continue a session with prompt or messages")
+        prompt = Prompt(token_ids=tuple(r.prompt_tokens.ids), context=r.context)
     else:
         raise InvalidArgument("give either messages or prompt")
     stops = stop_strings(r.stop)

@@ -69,3 +69,9 @@ def check_against_backend(spec: GenerationSpec, r: pb.GenerateRequest, limits: R
         bad = next((t for t, _ in spec.sampling.logit_bias if t >= limits.vocabulary), None)
         if bad is not None:
             raise InvalidArgument(f"logit_bias: token id {bad} is not in the model's vocabulary of {limits.vocabulary}")
+    ids = spec.prompt.token_ids or ()
+    # llama_decode reads an id past the vocabulary out of the embedding table: refused here, named.
+    bad_id = next((i for i, t in enumerate(ids) if t < 0 or (limits.vocabulary is not None and t >= limits.vocabulary)), None)
+    if bad_id is not None:
+        within = f"0 to {limits.vocabulary - 1}" if limits.vocabulary is not None else "0 or more"
+        raise InvalidArgument(f"prompt_tokens[{bad_id}] is {ids[bad_id]}: token ids are {within}")

@@ -118,6 +118,8 @@ def build_prompt(model, spec: GenerationSpec, session: Session | None, images: l
 
 def _raw(model, spec: GenerationSpec, session: Session | None, images: list, max_prompt_tokens: int,
          n_ctx: int) -> BuiltPrompt:
+    if spec.prompt.token_ids is not None:
+        return _token_ids(model, spec, session, max_prompt_tokens)
     history = session.text if session is not None else ""
     text = history + (spec.prompt.context if not history else "") + (spec.prompt.text or "")
     tok = tokenize_segments(model.tokenize, raw_segments(text), images)
@@ -133,6 +135,17 @@ def _raw(model, spec: GenerationSpec, session: Session | None, images: list, max
                 "reset it (reset_session) or use chat messages, whose oldest turns are dropped"
             )
     return BuiltPrompt([], text, tok.tokens, tok.spans)
+
+
+def _token_ids(model, spec: GenerationSpec, session: Session | None, max_prompt_tokens: int) -> BuiltPrompt:
+    """The caller's own tokens, fed as they are: tokenizing their text again would add a second BOS
+    and may split words differently."""
+    if session is not None:
+        raise InvalidArgument("prompt_tokens is for one-off prompts: continue a session with prompt or messages")
+    tokens = list(spec.prompt.token_ids or ())
+    model.check_token_ids(tokens)  # the service checked them too, against the model it knew then
+    _check_request(len(tokens), max_prompt_tokens)
+    return BuiltPrompt([], "", tokens, {})
 
 
 def _check_request(n_tokens: int, limit: int, what: str = "the prompt") -> None:

@@ -269,9 +269,11 @@ class OpenAIApi:
         self._check_model(body.model, self.strict_model_names)
         session_id = translate.session_id_of(request.headers.get(SESSION_HEADER), body)
         texts, token_prompts = translate.prompt_texts(body)
-        for tokens in token_prompts:  # the ids' own text, which the engine tokenizes back to them
-            texts.append((await self.core.detokenize(pb.DetokenizeRequest(tokens=tokens))).text)
-        turns = translate.completion_requests(body, session_id, self._max_tokens_limit(), texts)
+        prompts: list[str | list[int]] = [*texts, *token_prompts]
+        if token_prompts and translate.completion_session(body, session_id, len(prompts)):
+            # A session keeps text and matches a resent prompt on it (resent_turns.py).
+            prompts = [(await self.core.detokenize(pb.DetokenizeRequest(tokens=token_prompts[0]))).text]
+        turns = translate.completion_requests(body, session_id, self._max_tokens_limit(), prompts)
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         ids = replies.ReplyIds(self.model_id, chat=False)
         return await self._respond(request, turns, ids, bool(body.stream), include_usage, turns[0].request.session_id)

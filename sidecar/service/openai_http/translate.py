@@ -101,10 +101,18 @@ def chat_request(body: ChatCompletionRequest, session_id: str, max_tokens_limit:
     return Turn(request, images[-1] if images else None, reads_calls, clamped)
 
 
+def completion_session(body: CompletionRequest, session_id: str, prompts: int) -> str:
+    """The session a completion continues: several prompts are one-offs, as several candidates are,
+    so no one of them is the session's turn."""
+    return _session(body, session_id) if prompts == 1 else ""
+
+
 def completion_requests(body: CompletionRequest, session_id: str, max_tokens_limit: int,
-                        prompts: list[str]) -> list[Turn]:
-    """One turn per prompt (`prompts`: the body's, token-id prompts already turned to text), each
-    with the body's n; choice i * n + j is prompt i's candidate j, as OpenAI orders them."""
+                        prompts: list[str | list[int]]) -> list[Turn]:
+    """One turn per prompt (`prompts`: the body's text or token ids), each with the body's n;
+    choice i * n + j is prompt i's candidate j, as OpenAI orders them. Token ids go on as ids
+    (GenerateRequest.prompt_tokens), except in a session, which keeps text: routes.py turns them to
+    text there."""
     if body.echo:
         raise InvalidArgument("echo is not supported by this server")
     if body.suffix:
@@ -112,13 +120,10 @@ def completion_requests(body: CompletionRequest, session_id: str, max_tokens_lim
     if body.best_of is not None and body.best_of != (body.n or 1):
         raise InvalidArgument("best_of must equal n: this server returns every completion it makes")
     max_tokens, clamped = _max_tokens(body.max_tokens, max_tokens_limit)
-    # Several prompts are one-offs, as several candidates are: no one of them is the session's turn.
-    session = _session(body, session_id) if len(prompts) == 1 else ""
+    session = completion_session(body, session_id, len(prompts))
     turns = []
     for prompt in prompts:
-        refuse_image_marker(prompt, "prompt")
         request = pb.GenerateRequest(
-            prompt=prompt,
             sampling=_sampling(body),
             max_tokens=max_tokens,
             stop=_stops(body.stop),
@@ -128,6 +133,11 @@ def completion_requests(body: CompletionRequest, session_id: str, max_tokens_lim
             grammar=body.grammar or "",
             json_schema=json.dumps(body.json_schema) if body.json_schema is not None else "",
         )
+        if isinstance(prompt, str):
+            refuse_image_marker(prompt, "prompt")
+            request.prompt = prompt
+        else:
+            request.prompt_tokens.ids.extend(prompt)
         if body.logprobs is not None:
             request.logprobs = body.logprobs
         turns.append(Turn(request, max_tokens_clamped=clamped))

@@ -120,6 +120,12 @@ class ChatMessages(_message.Message):
     messages: _containers.RepeatedCompositeFieldContainer[ChatMessage]
     def __init__(self, messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ...) -> None: ...
 
+class TokenIds(_message.Message):
+    __slots__ = ("ids",)
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
 class SamplingParams(_message.Message):
     __slots__ = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n", "seed", "frequency_penalty", "presence_penalty", "logit_bias")
     class LogitBiasEntry(_message.Message):
@@ -152,9 +158,10 @@ class SamplingParams(_message.Message):
     def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., min_p: _Optional[float] = ..., repeat_penalty: _Optional[float] = ..., repeat_last_n: _Optional[int] = ..., seed: _Optional[int] = ..., frequency_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., logit_bias: _Optional[_Mapping[int, float]] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("messages", "prompt", "sampling", "max_tokens", "stop", "json_schema", "session_id", "reset_session", "request_id", "context", "tools", "tool_choice", "logprobs", "n", "grammar", "parallel_tool_calls", "memory")
+    __slots__ = ("messages", "prompt", "prompt_tokens", "sampling", "max_tokens", "stop", "json_schema", "session_id", "reset_session", "request_id", "context", "tools", "tool_choice", "logprobs", "n", "grammar", "parallel_tool_calls", "memory")
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     STOP_FIELD_NUMBER: _ClassVar[int]
@@ -172,6 +179,7 @@ class GenerateRequest(_message.Message):
     MEMORY_FIELD_NUMBER: _ClassVar[int]
     messages: ChatMessages
     prompt: str
+    prompt_tokens: TokenIds
     sampling: SamplingParams
     max_tokens: int
     stop: _containers.RepeatedScalarFieldContainer[str]
@@ -187,7 +195,7 @@ class GenerateRequest(_message.Message):
     grammar: str
     parallel_tool_calls: bool
     memory: MemoryOptions
-    def __init__(self, messages: _Optional[_Union[ChatMessages, _Mapping]] = ..., prompt: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., max_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., json_schema: _Optional[str] = ..., session_id: _Optional[str] = ..., reset_session: _Optional[bool] = ..., request_id: _Optional[str] = ..., context: _Optional[str] = ..., tools: _Optional[_Iterable[_Union[Tool, _Mapping]]] = ..., tool_choice: _Optional[str] = ..., logprobs: _Optional[int] = ..., n: _Optional[int] = ..., grammar: _Optional[str] = ..., parallel_tool_calls: _Optional[bool] = ..., memory: _Optional[_Union[MemoryOptions, _Mapping]] = ...) -> None: ...
+    def __init__(self, messages: _Optional[_Union[ChatMessages, _Mapping]] = ..., prompt: _Optional[str] = ..., prompt_tokens: _Optional[_Union[TokenIds, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., max_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., json_schema: _Optional[str] = ..., session_id: _Optional[str] = ..., reset_session: _Optional[bool] = ..., request_id: _Optional[str] = ..., context: _Optional[str] = ..., tools: _Optional[_Iterable[_Union[Tool, _Mapping]]] = ..., tool_choice: _Optional[str] = ..., logprobs: _Optional[int] = ..., n: _Optional[int] = ..., grammar: _Optional[str] = ..., parallel_tool_calls: _Optional[bool] = ..., memory: _Optional[_Union[MemoryOptions, _Mapping]] = ...) -> None: ...
 
 class MemoryOptions(_message.Message):
     __slots__ = ("scope", "read_scopes", "max_tokens", "k", "tags", "off")
