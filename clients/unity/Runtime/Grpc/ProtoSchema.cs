@@ -18,6 +18,11 @@ namespace Xlm.Sidecar.Grpc
                     new ProtoField(1, "messages", ProtoType.Message, "xlm.v1.ChatMessage", repeated: true),
                 }
             },
+            { "xlm.v1.TokenIds", new ProtoField[]
+                {
+                    new ProtoField(1, "ids", ProtoType.Int32, null, repeated: true),
+                }
+            },
             { "xlm.v1.SamplingParams", new ProtoField[]
                 {
                     new ProtoField(1, "temperature", ProtoType.Float, null, presence: true),
@@ -42,6 +47,7 @@ namespace Xlm.Sidecar.Grpc
                 {
                     new ProtoField(1, "messages", ProtoType.Message, "xlm.v1.ChatMessages"),
                     new ProtoField(2, "prompt", ProtoType.String, null, presence: true),
+                    new ProtoField(10, "promptTokens", ProtoType.Message, "xlm.v1.TokenIds"),
                     new ProtoField(3, "sampling", ProtoType.Message, "xlm.v1.SamplingParams"),
                     new ProtoField(4, "maxTokens", ProtoType.UInt32, null),
                     new ProtoField(5, "stop", ProtoType.String, null, repeated: true),
