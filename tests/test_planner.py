@@ -22,7 +22,7 @@ from sidecar.planner import (
 )
 from sidecar.planner.overrides import resolve
 from sidecar.planner.schedule import DECODE, GPU0, PREFILL
-from sidecar.planner.search import thread_options
+from sidecar.planner.search import PlanMemo, thread_options
 from sidecar.testmodels import ensure_test_models
 
 GIB = 1 << 30
@@ -111,12 +111,25 @@ def test_more_budget_never_predicts_slower(hw, name):
     budgets = [0, 256 * MIB, 512 * MIB, 1 * GIB, 2 * GIB, 3 * GIB, 4 * GIB, 8 * GIB, 16 * GIB]
     machine = HARDWARE[hw]()
     previous = 0.0
+    memo, m = PlanMemo(), model(name)  # budget after budget, as a daemon plans
     for b in (b for b in budgets if b <= machine.gpu.vram_bytes):
-        s = plan(model(name), machine, Budget(b), ctx=4096)
+        s = plan(m, machine, Budget(b), ctx=4096, memo=memo)
         # The objective (geometric mean of tokens/s over the tiers) never drops; a single tier
         # may trade a little speed for a larger gain elsewhere.
         assert s.objective() >= previous * 0.999, f"{b >> 20} MiB"
         previous = s.objective()
+
+
+def test_a_kept_memo_plans_what_a_fresh_plan_does():
+    """PlanMemo only saves time: a plan after others, with passes priced before, is the schedule a
+    plan from nothing makes, whichever budgets came before it."""
+    laptop, m, memo = laptop_4gb_pcie4x8(), model("qwen3_30b_a3b"), PlanMemo()
+    plan(m, laptop, Budget(2 * GIB), ctx=4096, memo=memo)
+    assert plan(m, laptop, Budget(512 * MIB), ctx=4096, memo=memo) == plan(m, laptop, Budget(512 * MIB), ctx=4096)
+    # Another machine: the memo starts over rather than price passes for the wrong one.
+    desktop = desktop_16gb_pcie5x16()
+    assert plan(m, desktop, Budget(3 * GIB), ctx=4096, memo=memo) == plan(m, desktop, Budget(3 * GIB), ctx=4096)
+    assert memo.hw is desktop
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,8 @@ the tiers' tokens/s, so a 2x gain at any tier counts the same.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 
 from sidecar.model_info.model import ModelInfo
 from sidecar.model_info.units import SubLayer, sub_layers
@@ -103,7 +104,9 @@ def fewest_threads(times: dict[int, float], slack: float) -> int:
 
 class Evaluator:
     """Predicts tier times for one model on one machine, memoising passes (not pure: a cache
-    around the pure cost model, alive for one search)."""
+    around the pure cost model, alive for one search, or across plans in a PlanMemo). `threads`,
+    the counts a tier may choose from, is the one thing a search sets: every cache is keyed by
+    the count it priced."""
 
     def __init__(self, model: ModelInfo, hw: HardwareModel, units: tuple[SubLayer, ...], options: PlanOptions,
                  kv_type: str, threads: tuple[int, ...]) -> None:
@@ -182,6 +185,35 @@ def evaluate_candidate(ev: Evaluator, candidate: Candidate, tiers: tuple[TokenTi
     return CandidateResult(candidate, best[1], best[2], best[0], tuple(family_seconds))
 
 
+@dataclass(eq=False)
+class PlanMemo:
+    """Passes priced by earlier plans of the same model on the same machine, for the next plan.
+
+    A daemon plans again on every budget change (and the game may send several a second while it
+    loads a level); the passes a plan prices do not depend on the budget, only which placements
+    it tries does. Not pure: a cache around the pure cost model that whoever plans again keeps and
+    hands in (executor.PlanInputs). It serves the model and machine it first saw and starts over
+    when handed others (by identity: both are frozen and are replaced, not changed)."""
+
+    model: ModelInfo | None = None
+    hw: HardwareModel | None = None
+    units: tuple[SubLayer, ...] = ()
+    evaluators: dict[tuple, Evaluator] = field(default_factory=dict)
+    # One plan at a time uses it (planning.plan holds it): a search sets its evaluators' threads.
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def evaluator(self, model: ModelInfo, hw: HardwareModel, options: PlanOptions, kv_type: str,
+                  threads: tuple[int, ...]) -> Evaluator:
+        if self.model is not model or self.hw is not hw:
+            self.model, self.hw, self.units, self.evaluators = model, hw, sub_layers(model), {}
+        key = (kv_type, options.executor)  # what the cached pass costs read of the options
+        ev = self.evaluators.get(key)
+        if ev is None:
+            ev = self.evaluators[key] = Evaluator(model, hw, self.units, options, kv_type, threads)
+        ev.options, ev.threads = options, threads  # thread_slack and the counts may differ per plan
+        return ev
+
+
 @dataclass(frozen=True)
 class Found:
     """The search's winner, its fill inputs, its rivals (same micro-batch and KV type) and the
@@ -220,9 +252,10 @@ def _kv_types(options: PlanOptions, gpu_budget: int) -> tuple[str, ...]:
 
 
 def search(model: ModelInfo, hw: HardwareModel, gpu_budget: int, cap: int, ctx: int,
-           options: PlanOptions) -> Found:
-    """Evaluate every (KV type, micro-batch, candidate); return the best and its rivals."""
-    units = sub_layers(model)
+           options: PlanOptions, memo: PlanMemo | None = None) -> Found:
+    """Evaluate every (KV type, micro-batch, candidate); return the best and its rivals. `memo`
+    keeps the priced passes for the next plan of this model on this machine."""
+    memo = memo if memo is not None else PlanMemo()
     tiers = token_tiers(options)
     threads = thread_options(hw, cap)
     decode_context = min(ctx, options.reference_context if options.reference_context is not None
@@ -233,9 +266,9 @@ def search(model: ModelInfo, hw: HardwareModel, gpu_budget: int, cap: int, ctx: 
         flash = _flash_attention(options, kv_type, gpu_budget > 0 and hw.has_gpu)
         if kv_type != "F16" and not flash:
             continue
-        ev = Evaluator(model, hw, units, options, kv_type, threads)
+        ev = memo.evaluator(model, hw, options, kv_type, threads)
         for n_ubatch in _micro_batches(options):
-            inputs = FillInputs(model, units, ctx, kv_type, n_ubatch, n_outputs_max, flash)
+            inputs = FillInputs(model, memo.units, ctx, kv_type, n_ubatch, n_outputs_max, flash)
             results = tuple(evaluate_candidate(ev, c, tiers, n_ubatch, decode_context)
                             for c in candidates(inputs, gpu_budget, hw.has_gpu))
             top = max(results, key=lambda r: (r.objective, -r.candidate.residency.vram_bytes))
