@@ -13,6 +13,7 @@ from concurrent.futures import CancelledError
 import numpy as np
 import pytest
 
+from sidecar.backend.contract import Backend, local_model
 from sidecar.engine import Engine
 from sidecar.engine.model_calls import MAX_EMBED_TOKENS
 from sidecar.errors import InvalidArgument
@@ -30,6 +31,11 @@ def engine(smollm2_path) -> Iterator[Engine]:
 
 def call(engine: Engine, run_on_model, timeout: float = 120):
     return engine.call_model(run_on_model).result(timeout=timeout)
+
+
+def test_the_engine_is_a_backend_with_its_model_here(engine: Engine) -> None:
+    """What the service asks for before calling the model (sidecar.backend.contract.local_model)."""
+    assert isinstance(engine, Backend) and local_model(engine) is engine
 
 
 def tokens_of(engine: Engine, n: int) -> list[int]:

@@ -443,6 +443,29 @@ def test_set_budget_is_accepted_and_status_names_the_server(remote_daemon: Runni
     assert status.model.path == server.url and status.model.architecture == "remote"
     assert status.model.name.endswith(".gguf")  # llama-cpp-python's server names its model by path
     assert status.budget.vram_bytes == 2 << 30 and status.memory.vram_used_bytes == 0
+    # No schedule runs here: none is reported (it was once a made-up one), and the limits are the daemon's.
+    assert not response.HasField("schedule") and not status.HasField("schedule")
+    assert status.memory.placement_device == "" and status.limits.max_prompt_tokens == 0
+    assert status.limits.max_sessions > 0 and status.limits.max_tokens_per_request > 0
+
+
+@needs_server
+def test_what_needs_a_local_model_is_unimplemented_on_every_transport(remote_daemon: RunningDaemon) -> None:
+    from openai_http_support import http_base
+
+    with remote_daemon.client(timeout_s=30) as client:
+        for call in (lambda: client.tokenize("hi"), lambda: client.detokenize([1, 2]), lambda: client.embed(["hi"])):
+            with pytest.raises(grpc.RpcError) as e:
+                call()
+            assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED and "remote mode" in e.value.details()
+    with httpx.Client(base_url=http_base(remote_daemon), headers={"Authorization": f"Bearer {remote_daemon.token}"},
+                      timeout=30) as http:
+        refused = http.post("/tokenize", json={"content": "hi"})
+        assert refused.status_code == 501 and "remote mode" in refused.text
+        assert http.post("/v1/embeddings", json={"input": "hi"}).status_code == 501
+        props = http.get("/props").json()
+        # The slots and the context are the server's, unknown here (the slots were once a made-up 4).
+        assert props["total_slots"] is None and props["default_generation_settings"]["n_ctx"] is None
 
 
 @needs_server

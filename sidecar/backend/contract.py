@@ -1,10 +1,15 @@
 """What the service core asks of whatever generates: the local llama.cpp engine
 (sidecar.engine.Engine) or the remote backend (sidecar.remote.RemoteBackend).
 
-The core and every transport see only this: a backend takes a validated request and streams its
-events to a sink, ends a session, reports its state and reloads with a new schedule. How it keeps
-sessions (the engine's KV cache, the remote backend's forwarded history) is its own business, and
-so are the decisions about them: a transport never reads a live session (see resent_turns.py).
+The core and every transport see only Backend: a backend takes a validated request and streams its
+events to a sink, ends a session and reports its state. How it keeps sessions (the engine's KV
+cache, the remote backend's forwarded history) is its own business, and so are the decisions about
+them: a transport never reads a live session (see resent_turns.py).
+
+What only a model loaded in this process allows (a schedule to reload, the frame guard's limits on
+its passes, calls on the model itself, save games) is LocalModel, a capability the service asks for
+by name (local_model) where it needs it, so a backend that runs its model elsewhere has nothing to
+pretend.
 """
 
 from __future__ import annotations
@@ -22,7 +27,8 @@ from sidecar.backend.sessions import SessionView
 from sidecar.backend.stats import ThroughputSnapshot
 from sidecar.guard.frame_guard import PassLimits
 
-if TYPE_CHECKING:  # types of the status view only; importing them would load llama.cpp
+if TYPE_CHECKING:  # annotations only: the status view's types would load llama.cpp
+    from sidecar.api.xlm.v1.session_archive_pb2 import KvFingerprint, SessionArchive
     from sidecar.engine.prefix.prefix_cache import PrefixCacheStats
     from sidecar.vision.encoder import EncoderStats
 
@@ -58,9 +64,19 @@ class RequestLimits:
     vocabulary: int | None = None
     # KV cells one conversation may fill (what /props reports as n_ctx); None: the server's.
     context_per_sequence: int | None = None
-    # The model is loaded here: call_model (tokenize, detokenize, embed) and token log
-    # probabilities work, and caller-written GBNF grammars are taken.
+    # The model is loaded here (the backend is a LocalModel): token log probabilities work and
+    # caller-written GBNF grammars are taken. Checked with the request, before any backend sees it.
     model_calls: bool = False
+
+
+@dataclass(frozen=True)
+class ServedLimits:
+    """The limits the status RPC reports (pb.Limits); 0 for what this daemon does not decide."""
+
+    max_sessions: int
+    context_per_session: int  # remote mode: the context the server said it serves, else 0
+    max_prompt_tokens: int
+    max_tokens_per_request: int
 
 
 @dataclass(frozen=True)
@@ -69,7 +85,9 @@ class BackendSnapshot:
 
     phase: EnginePhase
     model: ModelFacts
-    config: EngineConfig
+    limits: ServedLimits
+    # The schedule in force; None where no model is loaded here (remote mode has none to report).
+    config: EngineConfig | None
     throughput: ThroughputSnapshot
     sessions: list[SessionView]
     requests_active: int
@@ -108,11 +126,10 @@ class ModelOps(Protocol):
 @runtime_checkable
 class Backend(Protocol):
     """The contract. `submit` is called on the daemon's event loop and must not block it; the
-    sink it is given never blocks either (StreamCollector)."""
+    sink it is given never blocks either (StreamCollector). Its state, phase included (what
+    health and status report), is `snapshot()`."""
 
     facts: ModelFacts
-    # The schedule in force, as status and SetBudget report it.
-    config: EngineConfig
 
     @property
     def limits(self) -> RequestLimits: ...
@@ -126,21 +143,45 @@ class Backend(Protocol):
         """Forget a session; the tokens it held. NotFound if unknown."""
         ...
 
-    def call_model(self, run: Callable[[ModelOps], object]) -> Future:
-        """Run `run` on the loaded model where that is safe (between passes); the future holds its
-        result, and cancelling it stops a call already running before its next slice.
-        Unimplemented where no model is loaded here (limits.model_calls False)."""
-        ...
-
     def snapshot(self) -> BackendSnapshot: ...
 
-    def set_pass_limits(self, limits: PassLimits) -> None:
-        """The frame guard's limits on each forward pass (threads, tokens, a pause after it), from
-        the event loop; in force from the next pass. A backend whose passes run elsewhere ignores
-        them (that daemon has its own guard)."""
-        ...
+
+@runtime_checkable
+class LocalModel(Backend, Protocol):
+    """A backend whose model is loaded in this process (the engine): what SetBudget, the frame
+    guard, Tokenize/Detokenize/Embed and save games need besides the contract."""
+
+    # The schedule in force, as status and SetBudget report it.
+    config: EngineConfig
 
     def reload(self, config: EngineConfig, *, force: bool = False) -> Future:
         """Switch to another schedule between forward passes, keeping every conversation; the
         future holds (reloaded, pause_ms)."""
         ...
+
+    def set_pass_limits(self, limits: PassLimits) -> None:
+        """The frame guard's limits on each forward pass (threads, tokens, a pause after it), from
+        the event loop; in force from the next pass."""
+        ...
+
+    def call_model(self, run: Callable[[ModelOps], object]) -> Future:
+        """Run `run` on the loaded model where that is safe (between passes); the future holds its
+        result, and cancelling it stops a call already running before its next slice."""
+        ...
+
+    def export_sessions(self, session_ids: list[str], include_kv: bool) -> Future:
+        """Save games: the sessions' archive, unsealed, and what was saved of each."""
+        ...
+
+    def import_sessions(self, archive: SessionArchive, ours: KvFingerprint, replace: bool) -> Future:
+        """Save games: add a checked archive's sessions; what was restored of each."""
+        ...
+
+    def save_fingerprint(self, layers: int = 0) -> KvFingerprint:
+        """What an archive's KV must match to be restored here (save_fingerprint.py)."""
+        ...
+
+
+def local_model(backend: Backend) -> LocalModel | None:
+    """The backend's model as loaded in this process; None where it runs elsewhere (remote mode)."""
+    return backend if isinstance(backend, LocalModel) else None

@@ -38,7 +38,7 @@ import structlog
 from sidecar.backend.engine_config import EngineConfig
 from sidecar.backend.load_report import parse_load_log
 from sidecar.native.log_capture import install_native_log_filter
-from sidecar.backend.contract import BackendSnapshot, RequestLimits
+from sidecar.backend.contract import BackendSnapshot, RequestLimits, ServedLimits
 from sidecar.backend.phase import EnginePhase
 from sidecar.engine.image_encodes import ImageEncodes
 from sidecar.engine.prefix.prefix_cache import PrefixCache
@@ -240,6 +240,9 @@ class Engine:
         return BackendSnapshot(
             phase=self.phase,
             model=self.facts,
+            limits=ServedLimits(max_sessions=self.config.max_sessions, context_per_session=self.config.n_ctx,
+                                max_prompt_tokens=self.config.max_prompt_tokens,
+                                max_tokens_per_request=self.config.max_tokens_per_request),
             config=self.config,
             throughput=self.stats.snapshot(),
             sessions=self.sessions.views(),

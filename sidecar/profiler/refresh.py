@@ -30,6 +30,7 @@ class ProfileRefresh:
 
         self._loop = asyncio.get_running_loop()
         self._service = service
+        self._engine = engine  # the Engine: its schedule's threads are logged after a re-plan
         self._holder = holder
         self._view = inputs.startup.view
         self._switches: set[asyncio.Task] = set()
@@ -91,6 +92,5 @@ class ProfileRefresh:
         change = await control.replan("profile")
         self._view = view
         self._service.state.publish(profile=view, reason="profile")
-        engine = self._service.backend
         log.info("re-planned with the measured profile", profile=state, reloaded=change.reloaded,
-                 pause_ms=round(change.pause_ms, 1), tier_threads=dict(engine.config.tier_threads))
+                 pause_ms=round(change.pause_ms, 1), tier_threads=dict(self._engine.config.tier_threads))

@@ -1,11 +1,14 @@
 """Remote mode: the daemon keeps its API to the game and forwards generation to an inference server
 (vLLM, llama.cpp's server, anything speaking OpenAI's streaming chat and completion API).
 
-RemoteBackend implements the backend contract (sidecar.backend.contract) as the local Engine does,
-so gRPC, the WebSocket bridge, auth and status are the same code in
-both modes. Each request runs as a task on the daemon's event loop: an HTTP stream read chunk by
-chunk, never a thread blocked on a socket, and cancelling the task closes the connection, which
-stops the server's generation too.
+RemoteBackend implements the backend contract (sidecar.backend.contract.Backend) as the local Engine
+does, so gRPC, the WebSocket bridge, auth and status are the same code in both modes. It is no
+LocalModel: no schedule, pass limits, model calls or save games here, and the service core answers
+those itself (UNIMPLEMENTED, or a status without a schedule).
+
+Each request runs as a task on the daemon's event loop: an HTTP stream read chunk by chunk, never a
+thread blocked on a socket, and cancelling the task closes the connection, which stops the server's
+generation too.
 
 Conversations stay in the daemon: each session's messages (or raw text) are kept here and sent
 whole every turn, since the server keeps no state between calls; servers cache the common prefix,
@@ -16,16 +19,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 import httpx
 import structlog
 
 from sidecar.backend.load_report import LoadReport
-from sidecar.backend.contract import BackendSnapshot, ModelFacts, RequestLimits
-from sidecar.backend.engine_config import EngineConfig
+from sidecar.backend.contract import BackendSnapshot, ModelFacts, RequestLimits, ServedLimits
 from sidecar.backend.phase import EnginePhase
 from sidecar.backend.requests import Finished, FinishReason, GenerationSpec, Job, Sink, TextDelta, Timings, Usage
 from sidecar.backend.sessions import Session, SessionStore
@@ -33,7 +33,7 @@ from sidecar.backend.stats import ThroughputStats
 from sidecar.backend.prompt_layout import new_turn
 from sidecar.backend.resent_turns import remember_sent, resolve
 from sidecar.backend.text_stream import TextStream
-from sidecar.errors import FailedPrecondition, InvalidArgument, ResourceExhausted, SidecarError, Unavailable, Unimplemented
+from sidecar.errors import FailedPrecondition, InvalidArgument, ResourceExhausted, SidecarError, Unavailable
 from sidecar.remote import wire
 from sidecar.remote.models import remote_model_facts, unknown_model_facts
 
@@ -56,15 +56,6 @@ class RemoteOptions:
     max_sessions: int = 64
     max_tokens_per_request: int = 2048
     max_queue: int = 256
-
-
-@dataclass(frozen=True)
-class RemoteConfig(EngineConfig):
-    """`engine.config` as the status RPC reads it, for a daemon that runs no model itself: no tiers,
-    no placement, no local files, and 0 for what the server did not say (its context)."""
-
-    def __post_init__(self) -> None:
-        pass  # EngineConfig's checks are for loading a model; nothing is loaded here
 
 
 @dataclass(eq=False)
@@ -104,12 +95,9 @@ class RemoteBackend:
     def __init__(self, options: RemoteOptions, facts: ModelFacts, context: int, client: httpx.AsyncClient) -> None:
         self.options = options
         self.facts = facts
-        self.config = RemoteConfig(
-            model_path=Path(),
-            n_ctx=context,
-            max_sessions=options.max_sessions,
-            max_tokens_per_request=options.max_tokens_per_request,
-        )
+        # The server decides what fits in a prompt; 0 where it did not say its context.
+        self.served_limits = ServedLimits(max_sessions=options.max_sessions, context_per_session=context,
+                                          max_prompt_tokens=0, max_tokens_per_request=options.max_tokens_per_request)
         self.phase = EnginePhase.READY
         self.sessions = SessionStore(options.max_sessions)
         self.stats = ThroughputStats()
@@ -170,20 +158,6 @@ class RemoteBackend:
         return RequestLimits(max_prompt_tokens=None, max_tokens_per_request=self.options.max_tokens_per_request,
                              vision=False, compiles_grammar=False)
 
-    def reload(self, config: EngineConfig, *, force: bool = False) -> Future:
-        """Nothing is loaded here, so no schedule changes: (reloaded False, no pause)."""
-        done: Future = Future()
-        done.set_result((False, 0.0))
-        return done
-
-    def call_model(self, run) -> Future:
-        """No model is loaded here: tokenize and embed on the remote server itself."""
-        raise Unimplemented("remote mode forwards generations only; tokenize, detokenize and embeddings are "
-                            "the remote server's own (call its API directly)")
-
-    def set_pass_limits(self, limits) -> None:
-        """The passes run in the other daemon, whose own frame guard watches its machine."""
-
     def end_session(self, session_id: str) -> int:
         """Forget a session's conversation; returns the tokens it held. NotFound if unknown."""
         session = self.sessions.end(session_id)
@@ -194,7 +168,8 @@ class RemoteBackend:
         return BackendSnapshot(
             phase=self.phase,
             model=self.facts,
-            config=self.config,
+            limits=self.served_limits,
+            config=None,  # no schedule: the server's placement is its operator's
             throughput=self.stats.snapshot(),
             sessions=self.sessions.views(),
             requests_active=len(self._jobs),

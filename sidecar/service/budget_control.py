@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import structlog
 
 from sidecar.budget import Budget, format_size
-from sidecar.backend.contract import Backend
+from sidecar.backend.contract import LocalModel
 from sidecar.backend.engine_config import EngineConfig
 from sidecar.backend.engine_config import same_placement
 from sidecar.errors import FailedPrecondition, InvalidArgument, Unimplemented
@@ -75,7 +75,7 @@ class BudgetChange:
 class BudgetControl:
     """Owns the budget in force. Used from the daemon's event loop only."""
 
-    def __init__(self, engine: Backend, budget: Budget, plan: PlanFn, state: StateHub, gpu_free: GpuFreeFn,
+    def __init__(self, engine: LocalModel, budget: Budget, plan: PlanFn, state: StateHub, gpu_free: GpuFreeFn,
                  *, ram_bytes: int = 0, ram_rule: RamRule | None = None,
                  on_ram_shares: Callable[[MemoryShares], None] = lambda shares: None) -> None:
         self.engine = engine

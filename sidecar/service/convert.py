@@ -323,7 +323,8 @@ def status_to_pb(
     vision_reserved_bytes: int = 0,
     auto_reserve_bytes: int | None = None,
 ) -> pb.Status:
-    m, c, t = snap.model, snap.config, snap.throughput
+    m, c, t, lim = snap.model, snap.config, snap.throughput, snap.limits
+    vision = c.vision if c is not None else None
     return pb.Status(
         version=version,
         phase=phase_to_pb(snap.phase.value),
@@ -337,12 +338,12 @@ def status_to_pb(
             layers=m.layers,
             experts=m.experts,
             chat_template=m.chat_template,
-            vision_available=c.vision is not None,
-            projector_path=str(c.vision.projector_path) if c.vision is not None else "",
+            vision_available=vision is not None,
+            projector_path=str(vision.projector_path) if vision is not None else "",
         ),
         vision=vision_status_to_pb(snap),
         budget=budget_to_pb(budget, ram_bytes=ram_budget_bytes, auto_reserve_bytes=auto_reserve_bytes),
-        schedule=schedule_to_pb(c),
+        schedule=schedule_to_pb(c) if c is not None else None,  # none where the model runs elsewhere
         memory=pb.MemoryUse(
             host_resident_bytes=host_resident_bytes,
             # As llama.cpp reported its buffers at load: model weights by where they live.
@@ -350,9 +351,9 @@ def status_to_pb(
             model_vram_bytes=sum(n for b, n in snap.load_report.model_bytes.items() if is_vram(b)),
             vram_used_bytes=snap.load_report.vram_bytes(),
             kv_cache_bytes=snap.kv_cache_bytes,
-            planned_vram_bytes=c.planned_vram_bytes,
+            planned_vram_bytes=c.planned_vram_bytes if c is not None else 0,
             devices=device_memory_to_pb(snap.load_report),
-            placement_device=c.device,
+            placement_device=c.device if c is not None else "",  # nothing is placed here
             kv_cache_held_bytes=snap.kv_held_bytes,
             kv_sequences=snap.kv_sequences,
             kv_sequences_max=snap.kv_sequences_max,
@@ -383,10 +384,10 @@ def status_to_pb(
             for s in snap.sessions
         ],
         limits=pb.Limits(
-            max_sessions=c.max_sessions,
-            context_per_session=c.n_ctx,
-            max_prompt_tokens=c.max_prompt_tokens,
-            max_tokens_per_request=c.max_tokens_per_request,
+            max_sessions=lim.max_sessions,
+            context_per_session=lim.context_per_session,
+            max_prompt_tokens=lim.max_prompt_tokens,
+            max_tokens_per_request=lim.max_tokens_per_request,
             max_message_bytes=max_message_bytes,
             max_image_bytes=max_image_bytes,
         ),
@@ -420,7 +421,7 @@ def prefix_cache_to_pb(snap: BackendSnapshot) -> pb.PrefixCacheStatus:
 
 
 def vision_status_to_pb(snap: BackendSnapshot) -> pb.VisionStatus:
-    v = snap.config.vision
+    v = snap.config.vision if snap.config is not None else None
     if v is None:
         return pb.VisionStatus(available=False)
     stats = snap.vision

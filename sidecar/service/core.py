@@ -17,7 +17,7 @@ import structlog
 
 from sidecar.api import pb
 from sidecar.budget import Budget, parse_size
-from sidecar.backend.contract import Backend, RequestLimits
+from sidecar.backend.contract import Backend, RequestLimits, local_model
 from sidecar.backend.requests import NO_VISION_MODEL, Finished, GenerationSpec, TextDelta
 from sidecar.backend.sampling import BAN
 from sidecar.guard.frame_guard import GuardSettings
@@ -35,6 +35,10 @@ from sidecar.service.readiness import not_ready, profile_to_pb, starting_status
 from sidecar.service.state import DaemonState, StateHub
 
 log = structlog.get_logger("service")
+
+# What Tokenize, Detokenize and Embed answer where the model runs on another server (remote mode).
+MODEL_ELSEWHERE = ("remote mode forwards generations only; tokenize, detokenize and embeddings are "
+                   "the remote server's own (call its API directly)")
 
 
 @dataclass(frozen=True)
@@ -145,9 +149,12 @@ class SidecarService:
         return await self.frame_guard.report(request, caller)
 
     async def call_model(self, run):
-        """`run` on the loaded model (ModelOps), between the engine's passes."""
-        backend = self.ready_backend()
-        return await asyncio.wrap_future(backend.call_model(run))
+        """`run` on the loaded model (ModelOps), between the engine's passes; UNIMPLEMENTED where
+        the model is loaded elsewhere."""
+        model = local_model(self.ready_backend())
+        if model is None:
+            raise Unimplemented(MODEL_ELSEWHERE)
+        return await asyncio.wrap_future(model.call_model(run))
 
     async def spec_for(self, request: pb.GenerateRequest, *, image: bytes | None = None,
                        resends_history: bool = False) -> GenerationSpec:
@@ -171,9 +178,12 @@ class SidecarService:
         """A grammar runs on the engine thread only once tried in the checker's process
         (grammar_checks.py): INVALID_ARGUMENT for one no token can start, or too costly to run."""
         if spec.grammar is None or not limits.compiles_grammar:
+            return  # a remote server compiles and checks its own
+        model = local_model(self.ready_backend())
+        if model is None:  # compiled here needs the model file here
             return
         banned = tuple(token for token, bias in spec.sampling.logit_bias if bias <= BAN)
-        await asyncio.to_thread(self.grammar_checks.check, self.backend.config.model_path, spec.grammar, banned)
+        await asyncio.to_thread(self.grammar_checks.check, model.config.model_path, spec.grammar, banned)
 
     async def ask_image(self, request: pb.AskImageRequest) -> AsyncIterator[pb.GenerateChunk]:
         """Answer a question about a screenshot (or, in a session, about its last one)."""
@@ -266,7 +276,7 @@ class SidecarService:
         self.budget = change.budget
         return pb.SetBudgetResponse(
             budget=self._budget_pb(change.budget),
-            schedule=convert.schedule_to_pb(backend.config),
+            schedule=_schedule_pb(backend),
             reloaded=reloaded,
             pause_ms=pause_ms,
         )
@@ -296,7 +306,7 @@ class SidecarService:
                 unix_ms=convert.now_unix_ms(),
                 phase=convert.phase_to_pb(state.phase),
                 budget=self._budget_pb(state.budget),
-                schedule=convert.schedule_to_pb(self.backend.config) if self.backend is not None else None,
+                schedule=_schedule_pb(self.backend),
                 reason=state.reason,
                 profile=profile_to_pb(state.profile),
                 memories_added=state.memories_added if state.reason == "context_full" else None,
@@ -366,3 +376,10 @@ class SidecarService:
         for job in jobs:
             job.cancel()
         return len(jobs)
+
+
+def _schedule_pb(backend: Backend | None) -> pb.Schedule | None:
+    """The schedule in force; None (left unset) before the model is loaded, and where it runs on
+    another server, whose placement is its operator's."""
+    model = local_model(backend) if backend is not None else None
+    return convert.schedule_to_pb(model.config) if model is not None else None

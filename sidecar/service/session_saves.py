@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import structlog
 
 from sidecar.api import pb
+from sidecar.backend.contract import LocalModel, local_model
 from sidecar.backend.save_fingerprint import model_digest
 from sidecar.backend.save_format import MAX_ARCHIVE_BYTES, open_archive, seal
 from sidecar.errors import InvalidArgument, ResourceExhausted, Unimplemented
@@ -63,11 +64,12 @@ class SessionSaves:
         self.activity = SaveActivity()
         self._uploads: dict[str, _Upload] = {}
 
-    def _backend(self):
-        backend = self.core.ready_backend()
-        if not hasattr(backend, "export_sessions"):
+    def _backend(self) -> LocalModel:
+        """The model served here: a session's KV and its fingerprint exist only where it runs."""
+        model = local_model(self.core.ready_backend())
+        if model is None:
             raise Unimplemented("save games need the model served here (remote mode keeps sessions on the other machine)")
-        return backend
+        return model
 
     async def export_sessions(self, request: pb.ExportSessionsRequest) -> AsyncIterator[pb.ExportSessionsChunk]:
         backend = self._backend()
@@ -108,7 +110,7 @@ class SessionSaves:
             return pb.ImportSessionsResponse(received_bytes=self._uploads[request.upload_id].size)
         return await self.import_bytes(blob, replace=request.replace, backend=backend)
 
-    async def import_bytes(self, blob: bytes, *, replace: bool, backend=None) -> pb.ImportSessionsResponse:
+    async def import_bytes(self, blob: bytes, *, replace: bool, backend: LocalModel | None = None) -> pb.ImportSessionsResponse:
         backend = backend or self._backend()
         archive = await asyncio.to_thread(open_archive, blob, max_bytes=self.max_archive_bytes)
         check_archive_memories(archive)
@@ -157,7 +159,7 @@ class SessionSaves:
         return pb.SaveActivity(**self.activity.__dict__)
 
 
-def _fingerprint_of(backend, layers: int):
+def _fingerprint_of(backend: LocalModel, layers: int):
     model_digest(backend.config.model_path)
     return backend.save_fingerprint(layers)
 

@@ -14,6 +14,7 @@ import numpy as np
 from pydantic import Field
 
 from sidecar.api import pb
+from sidecar.backend.contract import local_model
 from sidecar.errors import InvalidArgument
 from sidecar.service.core import SidecarService
 from sidecar.service.openai_http.request_models import TokenIds, _Body
@@ -94,10 +95,12 @@ def props(core: SidecarService, model_id: str) -> dict:
     the slots, the template, and this daemon's own limits."""
     backend = core.ready_backend()
     limits = backend.limits
+    model = local_model(backend)
     return {
         "model_alias": model_id,
         "model_path": backend.facts.path,
-        "total_slots": backend.config.n_seq,
+        # Conversations the KV holds at once; null where the model runs on another server.
+        "total_slots": model.config.n_seq if model is not None else None,
         "chat_template": backend.facts.chat_template,
         "modalities": {"vision": limits.vision},
         "default_generation_settings": {"n_ctx": limits.context_per_sequence},
