@@ -90,7 +90,7 @@ def _start_embedding_server(binary: Path, model: Path, threads: int) -> common.H
 def scenario(args: argparse.Namespace) -> dict:
     import httpx
 
-    from sidecar.daemon_process import start_daemon, stop_daemon
+    from sidecar.lifecycle.daemon_process import start_daemon, stop_daemon
 
     repeats = args.repeats or 3
     count = 6 if args.quick else args.embed_requests

@@ -38,8 +38,8 @@ def run(model: Path | None = None, tokens: int = 64, repeats: int = 3) -> dict:
     import psutil
 
     from sidecar.api import pb
-    from sidecar.daemon_process import start_daemon, stop_daemon
-    from sidecar.default_model import default_model_path
+    from sidecar.lifecycle.daemon_process import start_daemon, stop_daemon
+    from sidecar.model_info.default_model import default_model_path
     from sidecar.model_info import inspect_gguf
     from sidecar.planner.sources import load_hardware
     from sidecar.planner.sweep import sweep_budgets

@@ -43,7 +43,7 @@ def options(group) -> None:
 
 def scenario(args: argparse.Namespace) -> dict:
     from sidecar.api import pb
-    from sidecar.daemon_process import start_daemon, stop_daemon
+    from sidecar.lifecycle.daemon_process import start_daemon, stop_daemon
 
     args.tokens = args.tokens or (16 if args.quick else 64)
     daemon = start_daemon("--stream-interval-ms", "33", drain=False)

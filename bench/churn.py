@@ -12,7 +12,7 @@ Where the reload happens:
            plan's placement does not change, and SetBudget answers reloaded=false (measured on
            the CPU-only machines these benchmarks were written on).
   device   SetBudget on a real daemon placing onto a GPU-type ggml device without a GPU: ggml's
-           RPC backend serving this machine's CPU from a second process (sidecar.ggml_rpc), the
+           RPC backend serving this machine's CPU from a second process (sidecar.native.ggml_rpc), the
            planner handed a described GPU (the stand-in is its speed; placement, buffers and
            reloads are real). Alternates --vram and --vram-low. The default without a GPU when
            llama.cpp was built with RPC (scripts/setup does).
@@ -47,7 +47,7 @@ PROMPTS = [f"Tell me a long story about a {a} who {b}." for a, b in (
 
 
 def gpu_present() -> bool:
-    from sidecar.ggml_devices import list_ggml_devices
+    from sidecar.native.ggml_devices import list_ggml_devices
 
     return any(d.is_gpu for d in list_ggml_devices())
 
@@ -154,7 +154,7 @@ def churn_engine(model: Path, n_streams: int, tokens: int, every_s: float, reloa
 
 def churn_device(model: Path, n_streams: int, tokens: int, every_s: float, reloads: int, vram: str, vram_low: str) -> dict:
     """churn_daemon against a daemon that places onto an RPC device served from a second process."""
-    from sidecar.ggml_rpc import STAND_IN_GPU_HARDWARE, RpcServerProcess
+    from sidecar.native.ggml_rpc import STAND_IN_GPU_HARDWARE, RpcServerProcess
 
     # One thread on each side: two each on two cores thrash OpenMP's barriers.
     with RpcServerProcess(threads=1) as server:
@@ -167,7 +167,7 @@ def churn_device(model: Path, n_streams: int, tokens: int, every_s: float, reloa
 def churn_daemon(model: Path, n_streams: int, tokens: int, every_s: float, reloads: int, vram: str,
                  vram_low: str = "0", extra: tuple[str, ...] = ()) -> dict:
     from sidecar.api import pb
-    from sidecar.daemon_process import start_daemon, stop_daemon
+    from sidecar.lifecycle.daemon_process import start_daemon, stop_daemon
 
     daemon = start_daemon("--model", str(model), "--parallel", str(n_streams), "--ctx", "1024", "--budget", vram_low, *extra)
     greedy = pb.SamplingParams(temperature=0.0, seed=1)
@@ -224,8 +224,8 @@ def churn_daemon(model: Path, n_streams: int, tokens: int, every_s: float, reloa
 
 def run(model: Path | None = None, via: str = "auto", n_streams: int = 8, tokens: int = 192, every_s: float = 2.0,
         reloads: int = 10, vram: str = "512M", vram_low: str = "0") -> dict:
-    from sidecar.default_model import default_model_path
-    from sidecar.ggml_rpc import rpc_available
+    from sidecar.model_info.default_model import default_model_path
+    from sidecar.native.ggml_rpc import rpc_available
 
     model = model or default_model_path()
     if via == "auto":

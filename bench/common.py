@@ -1,7 +1,7 @@
 """What the scenarios share: how figures are printed, what a result records, the machine, the
 peers (llama-cpp-python's server, llama.cpp's binaries) and the daemon's start-up profile.
 
-The daemon itself is started with sidecar.daemon_process (the test suite's launcher too).
+The daemon itself is started with sidecar.lifecycle.daemon_process (the test suite's launcher too).
 """
 
 from __future__ import annotations
@@ -130,7 +130,7 @@ def cpu_model() -> str:
 def gpus() -> list[dict]:
     """GPUs llama.cpp can use (name, description, memory), empty on a CPU-only build or machine."""
     try:
-        from sidecar.ggml_devices import list_ggml_devices
+        from sidecar.native.ggml_devices import list_ggml_devices
 
         return [{"name": d.name, "description": d.description, "memory_bytes": d.memory_total}
                 for d in list_ggml_devices() if d.is_gpu]

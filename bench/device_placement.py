@@ -1,7 +1,7 @@
 """Placement on a GPU-type device, planned against measured, per budget.
 
 Loads SmolLM2 (and its MoE, --moe) onto ggml's RPC device (a second process serving this CPU;
-see sidecar.ggml_rpc) at each budget as the daemon does (plan, load, re-plan while llama.cpp's
+see sidecar.native.ggml_rpc) at each budget as the daemon does (plan, load, re-plan while llama.cpp's
 buffers exceed the grant), and prints per budget: the plan's residency and VRAM, what llama.cpp
 allocated on the device (weights, KV, compute, from its own load report), the sub-layers on the
 device as planned and as placed, and whether the two agree. The planner sees a described GPU
@@ -18,14 +18,14 @@ import argparse
 from pathlib import Path
 
 from bench.common import ScenarioFailed
-from sidecar.measured_placement import load_within, measured_placement
+from sidecar.local.measured_placement import load_within, measured_placement
 
 MIB = 1 << 20
 
 def rows_for(model: Path, budgets: list[int]) -> list[dict]:
     from sidecar.budget import Budget
-    from sidecar.executor import load_plan_inputs
-    from sidecar.ggml_rpc import STAND_IN_GPU_HARDWARE as DEVICE_HARDWARE
+    from sidecar.local.executor import load_plan_inputs
+    from sidecar.native.ggml_rpc import STAND_IN_GPU_HARDWARE as DEVICE_HARDWARE
     from sidecar.settings import Settings
 
     settings = Settings(model=model, ctx=512, parallel=2, threads=1, hardware=DEVICE_HARDWARE)
@@ -72,8 +72,8 @@ def options(group) -> None:
 
 def scenario(args: argparse.Namespace) -> dict:
     from sidecar.budget import parse_size
-    from sidecar.default_model import default_model_path
-    from sidecar.ggml_rpc import RpcServerProcess, add_rpc_server
+    from sidecar.model_info.default_model import default_model_path
+    from sidecar.native.ggml_rpc import RpcServerProcess, add_rpc_server
 
     budgets = [parse_size(b) for b in args.budgets.split(",")]
     models = [default_model_path()]

@@ -131,7 +131,7 @@ def single(args: argparse.Namespace) -> dict:
     best, by median, of every setting a person would try (threads x flash attention)."""
     from llama_cpp import Llama
 
-    from sidecar.daemon_process import start_daemon, stop_daemon
+    from sidecar.lifecycle.daemon_process import start_daemon, stop_daemon
 
     model = args.model_path
     tokens = 32 if args.quick else 128
@@ -324,7 +324,7 @@ def batch(args: argparse.Namespace) -> dict:
     runs every side at every stream count, in an order that rotates), so a slow spell on this
     shared machine lands on all sides alike instead of on whichever ran then. Idle servers sleep:
     llama.cpp's threads spin only while a graph computes."""
-    from sidecar.daemon_process import start_daemon, stop_daemon
+    from sidecar.lifecycle.daemon_process import start_daemon, stop_daemon
     from sidecar.settings import Settings
 
     model = args.model_path
@@ -439,7 +439,7 @@ def _http_sender(peer: common.HttpPeer, http) -> Callable[[str, int], common.Str
 
 def session(args: argparse.Namespace) -> dict:
     from sidecar.api import pb
-    from sidecar.daemon_process import start_daemon, stop_daemon
+    from sidecar.lifecycle.daemon_process import start_daemon, stop_daemon
 
     model = args.model_path
     print("\n== time to first token: turn 2 of a session with a ~500-token persona, against turn 1 ==")

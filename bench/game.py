@@ -169,7 +169,7 @@ def _frame_figures(result: dict, fps: float) -> dict:
 
 
 def _side(args, side: str, units: int, threads: int, seconds: float, folder: Path, model: Path, binary) -> dict:
-    from sidecar.daemon_process import start_daemon, stop_daemon
+    from sidecar.lifecycle.daemon_process import start_daemon, stop_daemon
 
     server = daemon = streamer_owner = game = None
     try:

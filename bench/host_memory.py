@@ -97,7 +97,7 @@ def _aggregate_tokens_per_s(client, streams: int, tag: str) -> float:
 
 
 def _daemon_side(model, flags: list[str], settle_s: float) -> dict:
-    from sidecar.daemon_process import start_daemon, stop_daemon
+    from sidecar.lifecycle.daemon_process import start_daemon, stop_daemon
 
     daemon = start_daemon("--model", str(model), *common.profile_flags(), *flags)
     pid = daemon.process.pid
@@ -138,7 +138,7 @@ def _idle_llama_server(binary, model) -> int:
 
 
 def _idle_daemon(model) -> int:
-    from sidecar.daemon_process import start_daemon, stop_daemon
+    from sidecar.lifecycle.daemon_process import start_daemon, stop_daemon
 
     daemon = start_daemon("--model", str(model), *common.profile_flags())
     try:

@@ -132,7 +132,7 @@ def _crowd(daemon, pb, npcs: int, turns: int, memory: bool, round_: int) -> floa
 
 def scenario(args: argparse.Namespace) -> dict:
     from sidecar.api import pb
-    from sidecar.daemon_process import start_daemon, stop_daemon
+    from sidecar.lifecycle.daemon_process import start_daemon, stop_daemon
 
     small = args.small_talk or (30 if args.quick else 110)
     sizes = [int(s) for s in (args.sizes or ("100,1000" if args.quick else "100,1000,10000")).split(",")]

@@ -26,7 +26,7 @@ def scenario(args: argparse.Namespace) -> dict:
     import grpc
 
     from sidecar.api import pb
-    from sidecar.daemon_process import start_daemon, stop_daemon
+    from sidecar.lifecycle.daemon_process import start_daemon, stop_daemon
 
     args.turns = args.turns or (5 if args.quick else 50)
     daemon = start_daemon("--stream-interval-ms", "33")

@@ -219,7 +219,7 @@ def predict(model_info, hw, c: Config, context: int, kv_type: str) -> float:
 
 
 def model_paths(names: list[str], workdir: Path) -> dict[str, Path]:
-    from sidecar.default_model import default_model_path
+    from sidecar.model_info.default_model import default_model_path
     from sidecar.testmodels import write_smollm2_moe
 
     paths = {}

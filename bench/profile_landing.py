@@ -133,7 +133,7 @@ def options(group) -> None:
 
 
 def scenario(args: argparse.Namespace) -> dict:
-    from sidecar.daemon_process import start_daemon, stop_daemon
+    from sidecar.lifecycle.daemon_process import start_daemon, stop_daemon
 
     keep = Path(tempfile.mkdtemp(prefix="xlm-landed-"))
     print("start:", uptime(), flush=True)

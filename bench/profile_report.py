@@ -221,7 +221,7 @@ def options(group) -> None:
 
 def scenario(args: argparse.Namespace) -> dict:
     """Prints the three tables; returns their figures."""
-    from sidecar.default_model import default_model_path
+    from sidecar.model_info.default_model import default_model_path
 
     args.skip_full = args.skip_full or args.quick
     args.tokens = args.tokens or (32 if args.quick else 128)

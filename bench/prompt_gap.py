@@ -90,7 +90,7 @@ def one_round(client, load: str, tokens: int, tag: str) -> dict:
 
 
 def scenario(args: argparse.Namespace) -> dict:
-    from sidecar.daemon_process import start_daemon, stop_daemon
+    from sidecar.lifecycle.daemon_process import start_daemon, stop_daemon
 
     tokens = args.reply_tokens or (48 if args.quick else 160)
     flags = ("--ctx", str(CTX), "--max-prompt-tokens", str(LIMIT), "--parallel", str(STREAMS + 1),

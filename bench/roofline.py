@@ -74,7 +74,7 @@ def decode_runs(model: Path, tokens: int, repeats: int) -> tuple[list[float], li
     """Daemon decode tokens/s (its own timing, first token excluded) and prompt tokens, per run:
     one greedy stream of `tokens` tokens, a fresh opening line each run so no cache is reused."""
     from sidecar.api import pb
-    from sidecar.daemon_process import start_daemon, stop_daemon
+    from sidecar.lifecycle.daemon_process import start_daemon, stop_daemon
 
     rates, prompts = [], []
     daemon = start_daemon("--model", str(model))
@@ -99,7 +99,7 @@ def decode_runs(model: Path, tokens: int, repeats: int) -> tuple[list[float], li
 
 
 def run(model: Path | None = None, tokens: int = 128, repeats: int = 3, profile: Path | None = None) -> dict:
-    from sidecar.default_model import default_model_path
+    from sidecar.model_info.default_model import default_model_path
     from sidecar.model_info import inspect_gguf
 
     model = model or default_model_path()

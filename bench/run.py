@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.repeats is not None and args.repeats < 1:
         raise SystemExit("--repeats must be at least 1")
     from bench.common import RESULTS, ScenarioFailed, describe_machine, git_commit, machine_line, record, write_record
-    from sidecar.default_model import default_model_path
+    from sidecar.model_info.default_model import default_model_path
 
     args.json_dir = args.json_dir or RESULTS
     args.model_path = args.model or default_model_path()

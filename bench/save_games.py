@@ -57,7 +57,7 @@ def _ttft(client, request) -> tuple[float, object]:
 def scenario(args: argparse.Namespace) -> dict:
     from sidecar.api import pb
     from sidecar.backend.save_format import HEADER_BYTES, read_envelope
-    from sidecar.daemon_process import start_daemon, stop_daemon
+    from sidecar.lifecycle.daemon_process import start_daemon, stop_daemon
     from sidecar.testmodels.registry import write_models
 
     n = args.npcs or (4 if args.quick else 16)

@@ -264,7 +264,7 @@ def soak(duration_s: float, n_streams: int, budget_every_s: float, cancel_share:
          model: Path | None, device: bool = False) -> tuple[Verdict, dict]:
     if not device:
         return _soak(duration_s, n_streams, budget_every_s, cancel_share, max_gap_s, model, (), BUDGETS, None)
-    from sidecar.ggml_rpc import STAND_IN_GPU_HARDWARE, RpcServerProcess
+    from sidecar.native.ggml_rpc import STAND_IN_GPU_HARDWARE, RpcServerProcess
 
     with RpcServerProcess(threads=1) as server:
         extra = ("--rpc", server.endpoint, "--hardware", STAND_IN_GPU_HARDWARE, "--threads", "1", "--budget", "4G")
@@ -283,7 +283,7 @@ def _soak(duration_s: float, n_streams: int, budget_every_s: float, cancel_share
           final_budget: str | None) -> tuple[Verdict, dict]:
     import psutil
 
-    from sidecar.daemon_process import start_daemon, stop_daemon
+    from sidecar.lifecycle.daemon_process import start_daemon, stop_daemon
 
     args = ["--parallel", str(n_streams), "--ctx", "512", "--stream-interval-ms", "0", *extra]
     if model:

@@ -92,7 +92,7 @@ def _round(http, side: str, base: str, headers, streams: int, grammars: dict) ->
 def scenario(args: argparse.Namespace) -> dict:
     import httpx
 
-    from sidecar.daemon_process import start_daemon, stop_daemon
+    from sidecar.lifecycle.daemon_process import start_daemon, stop_daemon
     from sidecar.native.grammar import json_schema_grammar
 
     grammars = {case: json_schema_grammar(json.dumps(schema)) for case, (_, schema) in CASES.items()}

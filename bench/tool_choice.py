@@ -143,7 +143,7 @@ def print_table(summaries: dict[str, dict]) -> None:
 
 
 def _daemon_side(http, args: argparse.Namespace, settings: list[tuple[float, int]], rows: dict) -> None:
-    from sidecar.daemon_process import start_daemon, stop_daemon
+    from sidecar.lifecycle.daemon_process import start_daemon, stop_daemon
 
     daemon = start_daemon("--model", str(args.model_path), *common.profile_flags())
     try:

@@ -80,7 +80,7 @@ def options(group) -> None:
 def scenario(args: argparse.Namespace) -> dict:
     from llama_cpp import Llama
 
-    from sidecar.daemon_process import start_daemon, stop_daemon
+    from sidecar.lifecycle.daemon_process import start_daemon, stop_daemon
     from sidecar.settings import Settings
 
     model = args.model_path

@@ -147,7 +147,7 @@ class DaemonSide:
     """The daemon over gRPC: a session per NPC, the world in `context`."""
 
     def __init__(self, name: str, model: Path, *flags: str) -> None:
-        from sidecar.daemon_process import start_daemon
+        from sidecar.lifecycle.daemon_process import start_daemon
 
         self.name = name
         self._daemon = start_daemon("--model", str(model), *profile_flags(), *flags)
@@ -186,7 +186,7 @@ class DaemonSide:
             self.client.end_session(f"{tag}-{i}")
 
     def stop(self) -> None:
-        from sidecar.daemon_process import stop_daemon
+        from sidecar.lifecycle.daemon_process import stop_daemon
 
         self.client.close()
         stop_daemon(self._daemon)

@@ -100,7 +100,7 @@ def worker_ask(spec: dict) -> dict:
     """One image question through the engine, in-process, with RSS by phase."""
     import queue
 
-    from sidecar.default_model import default_model_path
+    from sidecar.model_info.default_model import default_model_path
     from sidecar.engine import Engine
     from sidecar.backend.engine_config import EngineConfig
     from sidecar.backend.requests import IMAGE_MARKER, Finished, GenerationSpec, Prompt, TextDelta
@@ -171,7 +171,7 @@ def worker_flash(spec: dict) -> dict:
     import llama_cpp
     from llama_cpp import mtmd_cpp
 
-    from sidecar.default_model import default_model_path
+    from sidecar.model_info.default_model import default_model_path
     from sidecar.native.log_capture import capture_native_log
     from sidecar.native.model import NativeModel
     from sidecar.vision.encoder import _COMPUTE_BUFFER

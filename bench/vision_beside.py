@@ -107,7 +107,7 @@ def options(group) -> None:
 
 def scenario(args: argparse.Namespace) -> dict:
     from bench.vision_benchmark import RESOLUTIONS, ensure_projector, screenshot_png
-    from sidecar.daemon_process import start_daemon, stop_daemon
+    from sidecar.lifecycle.daemon_process import start_daemon, stop_daemon
 
     layers = args.layers or (4 if args.quick else 27)
     window = args.window or (5.0 if args.quick else 20.0)

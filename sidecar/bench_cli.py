@@ -2,7 +2,7 @@
 
 The benchmarks start peers (llama-cpp-python's server, llama.cpp's binaries) and write their
 results into the checkout, so they live with the repository, not in the installed package (only
-the daemon launcher they share with the tests does: sidecar.daemon_process); this command only
+the daemon launcher they share with the tests does: sidecar.lifecycle.daemon_process); this command only
 finds them next to the package and hands its arguments over. bench/run.py, run by path, loads its
 package itself, so the working directory does not matter.
 """

@@ -176,7 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _run_serve(args: argparse.Namespace) -> int:
-    from sidecar.daemon import serve
+    from sidecar.lifecycle.serve import serve
     from sidecar.lifecycle.logs import configure_logging
     from sidecar.service.grpc_server import PortInUse
     from sidecar.settings import Settings

@@ -19,7 +19,7 @@ from sidecar.budget import Budget, parse_size
 from sidecar.errors import InvalidArgument
 
 if TYPE_CHECKING:
-    from sidecar.crowd import MemoryReserve
+    from sidecar.local.crowd import MemoryReserve
 
 DEFAULT_PORT = 50551
 DEFAULT_HOST = "127.0.0.1"
@@ -59,7 +59,7 @@ class Settings(BaseSettings):
     embedding_model: str = Field("auto", description='what embeds memories: "auto" (all-MiniLM-L6-v2 from its package, else words), "words", or a GGUF file')
     adaptive_threads: bool = Field(True, description="step CPU threads down while passes run far slower than planned (a busy PC); off pins them")
     hardware: str | None = Field(None, description="plan for this machine description (as `plan --hardware` takes it) instead of the profile")
-    # Placement device (sidecar.executor.placement_device) and ggml RPC servers (sidecar.ggml_rpc).
+    # Placement device (sidecar.local.executor.placement_device) and ggml RPC servers (sidecar.native.ggml_rpc).
     device: str | None = Field(None, description="ggml device to place onto (CUDA0, Vulkan0, RPC0); default: the first GPU-type one")
     rpc: str | None = Field(None, description="ggml RPC servers to register as devices, host:port, comma-separated")
     max_sessions: int = Field(64, ge=1, le=100_000)
@@ -151,10 +151,10 @@ class Settings(BaseSettings):
 
     def sequences(self, budget_name: str = "--ram-budget") -> int:
         """The most conversations held in the KV cache at once: --parallel, or what memory affords
-        (crowd.py), never more than --ram-budget holds (InvalidArgument when it holds none, naming
+        (local/crowd.py), never more than --ram-budget holds (InvalidArgument when it holds none, naming
         the budget `budget_name`)."""
-        from sidecar.crowd import parallel_for, ram_ceiling
-        from sidecar.default_model import default_model_path
+        from sidecar.local.crowd import parallel_for, ram_ceiling
+        from sidecar.model_info.default_model import default_model_path
 
         model = self.model or default_model_path()
         n = parallel_for(self.parallel, model, self.ctx)
@@ -168,8 +168,8 @@ class Settings(BaseSettings):
         """What NPC memory sets aside of a RAM budget (memory/footprint.py): its embedding model
         when one conversation still fits beside it, and the store's share. Nothing without a
         budget, or with --no-memory."""
-        from sidecar.crowd import NO_MEMORY, MemoryReserve, ram_ceiling
-        from sidecar.default_model import default_model_path
+        from sidecar.local.crowd import NO_MEMORY, MemoryReserve, ram_ceiling
+        from sidecar.model_info.default_model import default_model_path
         from sidecar.memory.footprint import embedder_host_bytes
 
         if not self.memory or not self.ram_budget_bytes:
@@ -202,8 +202,8 @@ class Settings(BaseSettings):
 
     @property
     def vision_reserved_bytes(self) -> int:
-        """What a RAM budget sets aside for the vision worker (crowd.py): 0 without a projector."""
-        from sidecar.crowd import vision_host_bytes
+        """What a RAM budget sets aside for the vision worker (local/crowd.py): 0 without a projector."""
+        from sidecar.local.crowd import vision_host_bytes
 
         if self.mmproj is None:
             return 0
@@ -215,7 +215,7 @@ class Settings(BaseSettings):
 
     def start_sequences(self) -> int:
         """Sequences allocated at start: all of --parallel when given, else a few, more on demand."""
-        from sidecar.crowd import START_SEQUENCES
+        from sidecar.local.crowd import START_SEQUENCES
 
         return 0 if self.parallel else min(START_SEQUENCES, self.sequences())
 
@@ -226,14 +226,14 @@ class Settings(BaseSettings):
     @property
     def saved_sessions_bytes(self) -> int:
         """Evicted sessions' KV states: a share of a RAM budget, no cap without one."""
-        from sidecar.crowd import SAVED_SESSIONS_SHARE
+        from sidecar.local.crowd import SAVED_SESSIONS_SHARE
 
         return int(self.ram_budget_bytes * SAVED_SESSIONS_SHARE)
 
     @property
     def prefix_cache_bytes(self) -> int:
         """--prefix-cache-mb, within its share of a RAM budget."""
-        from sidecar.crowd import PREFIX_SHARE
+        from sidecar.local.crowd import PREFIX_SHARE
 
         held = self.prefix_cache_mb << 20
         return min(held, int(self.ram_budget_bytes * PREFIX_SHARE)) if self.ram_budget_bytes else held

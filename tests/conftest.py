@@ -17,9 +17,9 @@ import pytest
 
 from sidecar.client import SidecarClient
 # The launcher lives in the package so bench/ shares it; ~40 test files import it from here.
-from sidecar.daemon_process import RunningDaemon, stop_daemon  # noqa: F401
-from sidecar.daemon_process import start_daemon as _start_daemon
-from sidecar.default_model import default_model_path
+from sidecar.lifecycle.daemon_process import RunningDaemon, stop_daemon  # noqa: F401
+from sidecar.lifecycle.daemon_process import start_daemon as _start_daemon
+from sidecar.model_info.default_model import default_model_path
 from run_summary import pytest_terminal_summary  # noqa: F401 (a hook: the run ends with what it skipped)
 from tiers import mark_fast
 
@@ -38,7 +38,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 def start_daemon(*args: str, **kwargs) -> RunningDaemon:
-    """sidecar.daemon_process.start_daemon, with `--profile off` unless the test names a profile
+    """sidecar.lifecycle.daemon_process.start_daemon, with `--profile off` unless the test names a profile
     (`--profile auto`, a file) or a machine (`--hardware`): the planner's defaults, the same on
     every machine, and no profiler measuring in the background beside the test. A test about
     profiles passes `--profile auto` (with its own XDG_CACHE_HOME)."""
@@ -100,7 +100,7 @@ def eog(daemon: RunningDaemon) -> tuple[int, ...]:
 
 def require_rpc() -> None:
     """Skip (or fail, under XLM_REQUIRE_GPU_DEVICE=1, as in CI) without ggml's RPC backend."""
-    from sidecar.ggml_rpc import rpc_available
+    from sidecar.native.ggml_rpc import rpc_available
 
     if rpc_available():
         return
@@ -113,9 +113,9 @@ def require_rpc() -> None:
 @pytest.fixture(scope="session")
 def rpc_device() -> Iterator[str]:
     """A GPU-type ggml device (RPC0) registered in this test process, served from a second process
-    (sidecar.ggml_rpc; see tests/gpu/device_helpers.py). One per test process: a client keeps its
+    (sidecar.native.ggml_rpc; see tests/gpu/device_helpers.py). One per test process: a client keeps its
     connection for its whole life, and a server serves one client at a time."""
-    from sidecar.ggml_rpc import RpcServerProcess, add_rpc_server
+    from sidecar.native.ggml_rpc import RpcServerProcess, add_rpc_server
 
     require_rpc()
     with RpcServerProcess(threads=1) as server:

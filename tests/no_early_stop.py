@@ -87,7 +87,7 @@ def file_eog_ids(path: str | os.PathLike[str]) -> tuple[int, ...]:
 
 def default_eog_ids() -> tuple[int, ...]:
     """Those of the default model (SmolLM2), which every daemon started without --model serves."""
-    from sidecar.default_model import default_model_path
+    from sidecar.model_info.default_model import default_model_path
 
     return file_eog_ids(str(default_model_path()))
 

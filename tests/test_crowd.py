@@ -9,8 +9,8 @@ import pytest
 
 from sidecar.api import pb
 from sidecar.client import Reply
-from sidecar.crowd import AUTO_MAX, AUTO_MIN, auto_parallel, parallel_for
-from sidecar.default_model import default_model_path
+from sidecar.local.crowd import AUTO_MAX, AUTO_MIN, auto_parallel, parallel_for
+from sidecar.model_info.default_model import default_model_path
 
 from no_early_stop import grpc_sampling
 

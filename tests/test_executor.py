@@ -3,7 +3,7 @@
 from pathlib import Path
 
 from sidecar.budget import Budget
-from sidecar.executor import config_from_schedule, cpu_engine_config, engine_config, load_plan_inputs
+from sidecar.local.executor import config_from_schedule, cpu_engine_config, engine_config, load_plan_inputs
 from sidecar.model_info import inspect_gguf
 from sidecar.planner import PlanOptions, cpu_only_box, desktop_16gb_pcie5x16, plan
 from sidecar.settings import Settings

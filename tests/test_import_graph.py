@@ -118,7 +118,7 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
 
 def test_the_graph_sees_function_level_and_package_imports() -> None:
     edges = graph()
-    assert "sidecar.remote.serve" in edges["sidecar.daemon"]  # imported inside serve()
+    assert "sidecar.remote.serve" in edges["sidecar.lifecycle.serve"]  # imported inside serve()
     assert "sidecar.backend.prompt_layout" in edges["sidecar.remote.backend"]
 
 
@@ -138,7 +138,7 @@ def test_remote_mode_and_the_transports_never_load_llama_cpp() -> None:
     backend import nothing native: a daemon that forwards to a server runs without llama.cpp."""
     script = (
         "import sys\n"
-        "import sidecar.cli, sidecar.daemon, sidecar.remote.serve, sidecar.backend.contract\n"
+        "import sidecar.cli, sidecar.lifecycle.serve, sidecar.remote.serve, sidecar.backend.contract\n"
         "import sidecar.service.grpc_server, sidecar.service.websocket_bridge, sidecar.service.openai_http\n"
         "import sidecar.service.convert, sidecar.backend.resent_turns\n"
         "loaded = sorted(m for m in sys.modules if m.startswith(('llama_cpp', 'sidecar.engine', 'sidecar.native.model')))\n"

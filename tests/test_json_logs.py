@@ -88,7 +88,7 @@ GGML_ABORT = r"""
 import ctypes, sys
 from sidecar.lifecycle.logs import configure_logging
 configure_logging(sys.argv[1], "info")
-from sidecar.ggml_devices import open_library
+from sidecar.native.ggml_devices import open_library
 from sidecar.native.log_capture import install_native_log_filter
 install_native_log_filter()
 ggml = open_library("libggml-base")

@@ -1,4 +1,4 @@
-"""NPC memory in a RAM budget (memory/footprint.py, crowd.py, settings.py): the store's share and
+"""NPC memory in a RAM budget (memory/footprint.py, local/crowd.py, settings.py): the store's share and
 the embedding model come out of what the KV may take, a budget that cannot also hold the model
 finds memories by words, and the bound on memories follows the budget."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from sidecar.crowd import MemoryReserve, sequences_within
+from sidecar.local.crowd import MemoryReserve, sequences_within
 from sidecar.errors import InvalidArgument
 from sidecar.memory.footprint import MAX_MEMORIES, MINILM_HOST_BYTES, embedder_host_bytes, memories_within
 from sidecar.settings import Settings

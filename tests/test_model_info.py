@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from gguf import GGUFWriter
 
-from sidecar.default_model import default_model_path
+from sidecar.model_info.default_model import default_model_path
 from sidecar.model_info import (
     ATTENTION,
     EMBEDDING,

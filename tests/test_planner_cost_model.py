@@ -267,7 +267,7 @@ def test_measured_figures_drive_the_prediction(tiny_profile):
 
 def test_profile_gpu_figures_are_used(tiny_profile):
     from sidecar.profiler.database import BandwidthEntry
-    from sidecar.ggml_devices import GgmlDevice
+    from sidecar.native.ggml_devices import GgmlDevice
     from sidecar.profiler.hardware import GpuInfo
 
     gpu_device = GgmlDevice(1, "CUDA0", "Fake GPU", "gpu", 8 << 30, 7 << 30)

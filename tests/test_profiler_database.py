@@ -20,7 +20,7 @@ from sidecar.profiler.database import (
     load_profile,
     save_profile,
 )
-from sidecar.ggml_devices import GgmlDevice
+from sidecar.native.ggml_devices import GgmlDevice
 from sidecar.profiler.hardware import GpuInfo, HardwareInfo
 from sidecar.profiler.plan import FULL_PLAN, LARGE, MOE, SMALL
 

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from sidecar.profiler.fingerprint import fingerprint_of
-from sidecar.ggml_devices import GgmlDevice, list_ggml_devices
+from sidecar.native.ggml_devices import GgmlDevice, list_ggml_devices
 from sidecar.profiler.hardware import discover_gpus, discover_hardware
 
 GIB = 1 << 30

@@ -114,7 +114,7 @@ def test_deep_probe_repeats_the_layer(probe_cache, tmp_path):
 def test_copy_and_overlap_code_paths_on_the_cpu_device(probe_cache):
     # No GPU here: the CPU device stands in, so the ctypes plumbing is still exercised.
     from sidecar.profiler.busy import measure_overlap
-    from sidecar.ggml_devices import list_ggml_devices
+    from sidecar.native.ggml_devices import list_ggml_devices
     from sidecar.profiler.transfers import CopyLoop, measure_h2d
 
     cpu = next(d for d in list_ggml_devices() if d.kind == "cpu")
@@ -190,7 +190,7 @@ def test_gpu_branch_runs_or_fails_softly_on_a_stand_in_device(probe_cache):
     # No GPU here: a fake "CUDA0" entry pointing at the CPU's registry slot drives the GPU
     # orchestration (placement, copies, overlap). llama.cpp either runs the probes anyway or
     # refuses the placement; either way the profile must finish with its CPU figures.
-    from sidecar.ggml_devices import GgmlDevice, list_ggml_devices
+    from sidecar.native.ggml_devices import GgmlDevice, list_ggml_devices
     from sidecar.profiler.hardware import discover_hardware
 
     cpu = next(d for d in list_ggml_devices() if d.kind == "cpu")

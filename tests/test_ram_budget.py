@@ -118,7 +118,7 @@ def test_without_a_budget_the_kv_starts_small_and_grows_with_demand(flags, grows
 
 
 def test_the_vision_worker_comes_out_of_the_budget_and_is_named_when_it_does_not_fit() -> None:
-    from sidecar.crowd import sequences_within, vision_host_bytes
+    from sidecar.local.crowd import sequences_within, vision_host_bytes
     from sidecar.errors import InvalidArgument
 
     mib = 1 << 20

@@ -5,7 +5,7 @@ grows into it; a budget too small for the model or not a size is refused and cha
 removes it; the WebSocket bridge carries it too; remote mode refuses it. Only mechanism is
 asserted (counts, finish reasons, status fields), never what the model says.
 
-The budgets are found by the launch rule itself (Settings.sequences(), crowd.py), so the test
+The budgets are found by the launch rule itself (Settings.sequences(), local/crowd.py), so the test
 follows that rule if its shares change, rather than hard-coding megabytes.
 """
 
@@ -26,11 +26,11 @@ from no_early_stop import default_eog_ids, grpc_bias
 from sidecar.api import pb
 from sidecar.backend.engine_config import EngineConfig
 from sidecar.budget import Budget
-from sidecar.crowd import PROCESS_BYTES, SAVED_SESSIONS_SHARE
+from sidecar.local.crowd import PROCESS_BYTES, SAVED_SESSIONS_SHARE
 from sidecar.engine.kv_demand import ceiling_count
 from sidecar.engine.scheduling.slot import Slot
 from sidecar.errors import Unimplemented
-from sidecar.executor import gpu_free_bytes
+from sidecar.local.executor import gpu_free_bytes
 from sidecar.remote.budget import RemoteBudget
 from sidecar.service.core import ServiceInfo, SidecarService
 from sidecar.service.ram_budget import MemoryShares
@@ -159,7 +159,7 @@ def test_lowering_the_budget_under_live_streams_cuts_none_and_the_kv_comes_down_
         budget = SMALL_MIB << 20
         prefix_max, saved_max = status.prefix_cache.max_bytes, int(budget * SAVED_SESSIONS_SHARE)
         assert memory.prefix_cache_bytes <= prefix_max and memory.saved_sessions_bytes <= saved_max
-        # What crowd.py counts inside a budget: the process, the weights, the two caches' shares
+        # What local/crowd.py counts inside a budget: the process, the weights, the two caches' shares
         # and the KV held.
         counted = PROCESS_BYTES + status.model.file_bytes + prefix_max + saved_max + memory.kv_cache_held_bytes
         assert counted <= budget, f"{counted >> 20} MiB counted past the {SMALL_MIB} MiB budget"

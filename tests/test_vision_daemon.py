@@ -108,7 +108,7 @@ def test_status_reports_vision_and_vlmopt_frees_the_encoder(vclient) -> None:
 
 
 def test_a_ram_budget_sets_the_vision_worker_aside_and_images_still_answer(models) -> None:
-    from sidecar.crowd import vision_host_bytes
+    from sidecar.local.crowd import vision_host_bytes
     from sidecar.settings import Settings
 
     projector = models["smollm2_projector"]

@@ -15,8 +15,8 @@ pretend.
 from __future__ import annotations
 
 from concurrent.futures import Future
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Protocol, runtime_checkable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, Mapping, Protocol, runtime_checkable
 
 from sidecar.backend.engine_config import EngineConfig
 from sidecar.backend.load_report import LoadReport
@@ -106,6 +106,9 @@ class BackendSnapshot:
     saved_sessions_bytes: int = 0
     vision_worker_bytes: int = 0  # the CPU encoder's process, resident now
     requests: tuple[RequestView, ...] = ()  # each request the engine holds (request_state.py)
+    # (free, total) bytes of each device the model has buffers on, the host's aside, as ggml
+    # reports them: read by the backend, which may load llama.cpp, not by the service.
+    device_memory: Mapping[str, tuple[int, int]] = field(default_factory=dict)
 
 
 class ModelOps(Protocol):

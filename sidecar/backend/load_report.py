@@ -98,7 +98,7 @@ def buffer_device(buffer_type: str) -> str:
     """The ggml device whose memory a buffer type is: "CUDA0" -> "CUDA0",
     "RPC0[127.0.0.1:50052]" -> the RPC device registered for that server, every host buffer ->
     "CPU"."""
-    from sidecar.ggml_devices import known_buffer_device
+    from sidecar.native.ggml_devices import known_buffer_device
 
     if known := known_buffer_device(buffer_type):
         return known

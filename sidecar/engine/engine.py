@@ -37,6 +37,7 @@ import structlog
 
 from sidecar.backend.engine_config import EngineConfig
 from sidecar.backend.load_report import parse_load_log
+from sidecar.native.ggml_devices import devices_memory
 from sidecar.native.log_capture import install_native_log_filter
 from sidecar.backend.contract import BackendSnapshot, RequestLimits, ServedLimits
 from sidecar.backend.phase import EnginePhase
@@ -261,6 +262,7 @@ class Engine:
             kv_sequences_max=self.config.n_seq,
             saved_sessions_bytes=sum(v.host_bytes for v in self.sessions.views()),
             vision_worker_bytes=self.images.worker_bytes(),
+            device_memory=devices_memory(self.load_report.by_device()),
         )
 
     def close(self, timeout: float = 10.0) -> None:

@@ -1,4 +1,4 @@
-"""What NPC memory holds in host memory, so a RAM budget counts it (crowd.py, settings.py).
+"""What NPC memory holds in host memory, so a RAM budget counts it (local/crowd.py, settings.py).
 
 Two parts. The embedding model, loaded at memory's first use: all-MiniLM-L6-v2 (a 43 MiB GGUF)
 in its llama.cpp context of EMBED_CONTEXT tokens took 90 MiB resident after embedding a long

@@ -71,7 +71,7 @@ def _report_aborts_as_json() -> None:
     capture = active_capture()
     if capture is None:
         return  # console logs: ggml prints its message to the terminal itself
-    from sidecar.ggml_devices import open_library
+    from sidecar.native.ggml_devices import open_library
 
     try:
         setter = open_library("libggml-base").ggml_set_abort_callback  # the ggml libllama uses

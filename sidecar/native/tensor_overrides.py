@@ -12,7 +12,7 @@ import ctypes
 import re
 
 from sidecar.errors import InvalidArgument
-from sidecar.ggml_devices import device_by_name, ggml_libraries, open_library
+from sidecar.native.ggml_devices import device_by_name, ggml_libraries, open_library
 
 
 class _BuftOverride(ctypes.Structure):

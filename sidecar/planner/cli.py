@@ -74,7 +74,7 @@ def run_plan_command(args: argparse.Namespace) -> int:
     out = Console(width=None if sys.stdout.isatty() else 150)
     try:
         if args.model is None:
-            from sidecar.default_model import default_model_path
+            from sidecar.model_info.default_model import default_model_path
 
             args.model = default_model_path()
         model = load_model(args.model, args.weight_type)

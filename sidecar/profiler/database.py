@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from sidecar.ggml_devices import GgmlDevice
+from sidecar.native.ggml_devices import GgmlDevice
 from sidecar.profiler.hardware import GpuInfo, HardwareInfo
 from sidecar.profiler.plan import ProbeShape
 

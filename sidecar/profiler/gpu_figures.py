@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from sidecar.ggml_devices import GgmlDevice
+from sidecar.native.ggml_devices import GgmlDevice
 from sidecar.profiler.busy import measure_overlap
 from sidecar.profiler.database import BandwidthEntry, KernelEntry
 from sidecar.profiler.kernels import ProbeSession

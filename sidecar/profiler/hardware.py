@@ -16,7 +16,7 @@ from typing import Any
 
 import psutil
 
-from sidecar.ggml_devices import GgmlDevice, list_ggml_devices
+from sidecar.native.ggml_devices import GgmlDevice, list_ggml_devices
 
 GIB = 1 << 30
 

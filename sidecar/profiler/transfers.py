@@ -19,7 +19,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from sidecar.ggml_devices import device_handle, ggml_libraries
+from sidecar.native.ggml_devices import device_handle, ggml_libraries
 
 GGML_TYPE_I8 = 24  # enum ggml_type (ggml.h)
 

@@ -5,6 +5,7 @@ the same way."""
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import replace
 
 from sidecar.api import pb
@@ -295,13 +296,12 @@ def phase_to_pb(phase_name: str) -> int:
     return _PHASE.get(phase_name, pb.ENGINE_PHASE_UNSPECIFIED)
 
 
-def device_memory_to_pb(report) -> list[pb.DeviceMemory]:
-    """Per-device buffers as llama.cpp reported them, with ggml's memory figures for each device."""
-    from sidecar.ggml_devices import device_memory
-
+def device_memory_to_pb(report, memory: Mapping[str, tuple[int, int]]) -> list[pb.DeviceMemory]:
+    """Per-device buffers as llama.cpp reported them, with ggml's memory figures for each device
+    (`memory`, BackendSnapshot.device_memory)."""
     out = []
     for device, kinds in sorted(report.by_device().items()):
-        free, total = (device_memory(device) or (0, 0)) if device != "CPU" else (0, 0)
+        free, total = memory.get(device, (0, 0))
         out.append(pb.DeviceMemory(
             device=device, model_bytes=kinds["model"], kv_cache_bytes=kinds["kv"], compute_bytes=kinds["compute"],
             output_bytes=kinds["output"], free_bytes=free, total_bytes=total,
@@ -352,7 +352,7 @@ def status_to_pb(
             vram_used_bytes=snap.load_report.vram_bytes(),
             kv_cache_bytes=snap.kv_cache_bytes,
             planned_vram_bytes=c.planned_vram_bytes if c is not None else 0,
-            devices=device_memory_to_pb(snap.load_report),
+            devices=device_memory_to_pb(snap.load_report, snap.device_memory),
             placement_device=c.device if c is not None else "",  # nothing is placed here
             kv_cache_held_bytes=snap.kv_held_bytes,
             kv_sequences=snap.kv_sequences,

@@ -51,7 +51,7 @@ class ServiceInfo:
     max_image_bytes: int = 32 << 20
     # --ram-budget, reported in status (0: none).
     ram_budget_bytes: int = 0
-    # What any RAM budget sets aside for the vision worker (crowd.py; 0: no projector).
+    # What any RAM budget sets aside for the vision worker (local/crowd.py; 0: no projector).
     vision_reserved_bytes: int = 0
     # The game's process (--parent-pid, else the daemon's parent): only its frame reports count.
     game_pid: int | None = None
@@ -71,7 +71,7 @@ class SidecarService:
         # Set by the daemon once the backend exists; None answers SetBudget with UNIMPLEMENTED.
         self.budget_control: BudgetControl | None = None
         self.draining = False
-        # Replaced by the daemon's own once it serves a model here (local_serve.py); until then, and
+        # Replaced by the daemon's own once it serves a model here (local/serve.py); until then, and
         # in remote mode, reports are checked and answered, and nothing is applied.
         self.grammar_checks = GrammarChecks()
         self.frame_guard = FrameGuard(GuardSettings(), enabled=False, game_pid=info.game_pid, apply=lambda limits: None)

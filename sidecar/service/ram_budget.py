@@ -1,6 +1,6 @@
 """A RAM budget set while the daemon runs (SetBudget.ram_size): the launch rule, again.
 
-`--ram-budget` sizes the engine at launch (settings.sequences(), crowd.py): the weights, the
+`--ram-budget` sizes the engine at launch (settings.sequences(), local/crowd.py): the weights, the
 process, the prefix cache's and the evicted sessions' shares, and as many sequences as fit. A
 budget the game sets later goes by the very same rule, so a daemon told "512M" at runtime holds
 what one launched with `--ram-budget 512M` would; the engine takes the result between two passes

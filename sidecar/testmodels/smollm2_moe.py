@@ -32,7 +32,7 @@ from typing import Literal
 import numpy as np
 from gguf import MODEL_TENSOR, GGUFReader, GGUFValueType, GGUFWriter, ReaderField, ReaderTensor
 
-from sidecar.default_model import smollm2_path
+from sidecar.model_info.default_model import smollm2_path
 from sidecar.errors import ModelLoadError
 
 from .gguf_out import PlannedTensor, tensor_name, write_gguf

@@ -1,7 +1,7 @@
 """The GPU-device test set: llama.cpp's real placement onto a GPU-type ggml device.
 
 The device is ggml's RPC backend serving this machine's CPU from a second process on loopback
-(sidecar.ggml_rpc): llama.cpp lists it as RPC0, type GPU, and weights, KV cache and compute
+(sidecar.native.ggml_rpc): llama.cpp lists it as RPC0, type GPU, and weights, KV cache and compute
 buffers placed there really live in the server's memory. What it cannot give is a GPU's speed, so
 the planner is handed a described GPU (DEVICE_HARDWARE) in place of a measured profile: the
 speeds are the stand-in, the placement and the buffers are real.
@@ -19,10 +19,10 @@ import threading
 from conftest import require_rpc  # noqa: F401 (re-exported for the device tests)
 
 from sidecar.engine import Engine, Finished, GenerationSpec, Prompt, SamplingConfig, TextDelta
-from sidecar.measured_placement import load_within, measured_placement  # noqa: F401 (re-exported)
+from sidecar.local.measured_placement import load_within, measured_placement  # noqa: F401 (re-exported)
 from sidecar.errors import SidecarError
 
-from sidecar.ggml_rpc import STAND_IN_GPU_HARDWARE
+from sidecar.native.ggml_rpc import STAND_IN_GPU_HARDWARE
 
 # A desktop-class GPU as the planner should see RPC0 (a stand-in for speed only). 8 GiB, far
 # above every budget the tests grant, so the budget is what binds.

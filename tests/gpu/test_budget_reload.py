@@ -32,7 +32,7 @@ PROMPTS = [f"Once upon a time, a {who} set out on a long journey. On the first d
 @pytest.fixture(scope="module")
 def device_daemon() -> Iterator[RunningDaemon]:
     require_rpc()
-    from sidecar.ggml_rpc import RpcServerProcess
+    from sidecar.native.ggml_rpc import RpcServerProcess
 
     with RpcServerProcess(threads=1) as server:
         daemon = start_daemon("--rpc", server.endpoint, "--hardware", DEVICE_HARDWARE, "--budget", "4G",

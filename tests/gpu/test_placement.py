@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from sidecar.budget import Budget
-from sidecar.executor import load_plan_inputs
+from sidecar.local.executor import load_plan_inputs
 from sidecar.settings import Settings
 
 from device_helpers import DEVICE_HARDWARE, MIB, greedy_reply, load_within, measured_placement

@@ -16,7 +16,7 @@ import pytest
 
 from sidecar.backend.load_report import parse_load_log
 from sidecar.native.model import NativeModel
-from sidecar.ggml_devices import _mapped_files, gpu_device_names, library_path, llama_lib_dir
+from sidecar.native.ggml_devices import _mapped_files, gpu_device_names, library_path, llama_lib_dir
 
 
 def test_the_libraries_we_open_are_the_sonames_libllama_links() -> None:

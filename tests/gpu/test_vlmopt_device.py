@@ -58,7 +58,7 @@ class RssSampler:
 @pytest.fixture(scope="module")
 def device_vision(projector: Path) -> Iterator[tuple[RunningDaemon, int]]:
     require_rpc()
-    from sidecar.ggml_rpc import RpcServerProcess
+    from sidecar.native.ggml_rpc import RpcServerProcess
 
     with RpcServerProcess(threads=1) as server:
         daemon = start_daemon("--rpc", server.endpoint, "--hardware", DEVICE_HARDWARE, "--budget", "4G",

@@ -29,7 +29,7 @@ async def start_http(transports, core, settings, authenticator, model_id: str | 
     port = http_port(settings)
     if port is None:
         return
-    from sidecar.default_model import default_model_path
+    from sidecar.model_info.default_model import default_model_path
 
     server = OpenAIHttpServer(core, authenticator, settings.model or default_model_path(), settings.max_tokens_per_request,
                               model_id=model_id, strict_model_names=settings.strict_model_names,

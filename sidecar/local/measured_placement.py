@@ -7,7 +7,7 @@ import asyncio
 
 from sidecar.budget import Budget
 from sidecar.engine import Engine
-from sidecar.executor import engine_config, load_plan_inputs
+from sidecar.local.executor import engine_config, load_plan_inputs
 from sidecar.model_info.units import OUTPUT, sub_layers
 from sidecar.service.budget_control import BudgetControl
 from sidecar.service.state import DaemonState, StateHub

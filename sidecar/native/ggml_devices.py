@@ -182,6 +182,13 @@ def device_memory(name: str) -> tuple[int, int] | None:
     return memory
 
 
+def devices_memory(names) -> dict[str, tuple[int, int]]:
+    """(free, total) bytes of each named device but the host's ("CPU"), for the status RPC; a
+    device ggml does not know is left out."""
+    found = {name: device_memory(name) for name in names if name != "CPU"}
+    return {name: memory for name, memory in found.items() if memory is not None}
+
+
 # Buffer type name -> device name, for every device whose buffer type was asked for. RPC buffer
 # types are named after the server's own device index, so the first device of every server is
 # "RPC0[host:port]" whatever llama.cpp calls the device (RPC0, RPC1, ...): only this table tells.

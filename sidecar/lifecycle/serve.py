@@ -1,6 +1,6 @@
 """`xlm-sidecar serve`: the daemon's lifecycle around one of its two backends.
 
-A local model (sidecar.local_serve: the llama.cpp engine) or a remote inference server
+A local model (sidecar.local.serve: the llama.cpp engine) or a remote inference server
 (sidecar.remote.serve). Each is imported only when chosen: remote mode never loads llama.cpp.
 """
 
@@ -27,6 +27,6 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> None:
 
             await serve_remote(settings, lifecycle, ready)
         else:
-            from sidecar.local_serve import serve_local
+            from sidecar.local.serve import serve_local
 
             await serve_local(settings, lifecycle, ready)

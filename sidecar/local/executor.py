@@ -15,7 +15,7 @@ from pathlib import Path
 import structlog
 
 from sidecar.budget import Budget
-from sidecar.default_model import default_model_path
+from sidecar.model_info.default_model import default_model_path
 from sidecar.engine import EngineConfig
 from sidecar.errors import InvalidArgument, ModelLoadError
 from sidecar.settings import Settings
@@ -241,7 +241,7 @@ def describe_placement(config: EngineConfig) -> str:
 def register_devices(settings: Settings) -> tuple[str, ...]:
     """Register the --rpc servers in llama.cpp's device registry (before any planning or load);
     returns the device names they added. ModelLoadError when a server cannot be reached."""
-    from sidecar.ggml_rpc import RpcUnavailable, add_rpc_server
+    from sidecar.native.ggml_rpc import RpcUnavailable, add_rpc_server
 
     added: list[str] = []
     for endpoint in filter(None, (e.strip() for e in (settings.rpc or "").split(","))):
@@ -255,7 +255,7 @@ def register_devices(settings: Settings) -> tuple[str, ...]:
 def placement_device(settings: Settings | None = None) -> str:
     """The ggml device the plan's GPU placement maps onto, whatever its backend (CUDA0, Vulkan0,
     RPC0): --device when given, else the first GPU-type device llama.cpp lists, else "CPU"."""
-    from sidecar.ggml_devices import gpu_device_names
+    from sidecar.native.ggml_devices import gpu_device_names
 
     gpus = gpu_device_names()
     wanted = settings.device if settings is not None else None
@@ -308,7 +308,7 @@ def gpu_free_bytes(device: str = "CUDA0") -> int | None:
         free = _nvml_free_bytes(int(device[4:]))
         if free is not None:
             return free
-    from sidecar.ggml_devices import device_memory
+    from sidecar.native.ggml_devices import device_memory
 
     memory = device_memory(device)
     return memory[0] if memory is not None else None

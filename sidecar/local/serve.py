@@ -22,9 +22,9 @@ import structlog
 
 from sidecar import __version__
 from sidecar.engine import Engine
-from sidecar.default_model import default_model_path
+from sidecar.model_info.default_model import default_model_path
 from sidecar.native.model import check_gguf_file
-from sidecar.executor import (
+from sidecar.local.executor import (
     describe_placement,
     engine_config,
     gpu_free_bytes,

@@ -6,7 +6,7 @@ the server's memory, so placement, per-device buffers and reloads that move tens
 checked without a GPU (tests/gpu/). The RPC device reports host RAM as its memory (free = total,
 never moving) and has no op offload, and one server serves one client connection at a time.
 
-    python -m sidecar.ggml_rpc --endpoint 127.0.0.1:50052 --threads 1     # the server
+    python -m sidecar.native.ggml_rpc --endpoint 127.0.0.1:50052 --threads 1     # the server
 
 `xlm-sidecar serve --rpc 127.0.0.1:50052` registers it in the daemon, as llama.cpp's `--rpc` does.
 """
@@ -24,7 +24,7 @@ import time
 from functools import lru_cache
 from pathlib import Path
 
-from sidecar.ggml_devices import (
+from sidecar.native.ggml_devices import (
     buffer_type_name,
     cpu_device_handle,
     ggml_libraries,
@@ -115,7 +115,7 @@ class RpcServerProcess:
         self.endpoint = f"127.0.0.1:{self.port}"
         self._log = tempfile.TemporaryFile()
         self.process = subprocess.Popen(
-            [python, "-m", "sidecar.ggml_rpc", "--endpoint", self.endpoint, "--threads", str(threads)],
+            [python, "-m", "sidecar.native.ggml_rpc", "--endpoint", self.endpoint, "--threads", str(threads)],
             stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": str(threads)},
         )
         self._wait_listening()
@@ -153,7 +153,7 @@ class RpcServerProcess:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m sidecar.ggml_rpc", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m sidecar.native.ggml_rpc", description=__doc__.split("\n\n")[0])
     parser.add_argument("--endpoint", default="127.0.0.1:50052", help="host:port to listen on (keep it on loopback)")
     parser.add_argument("--threads", type=int, default=1, help="CPU threads for the device's kernels")
     parser.add_argument("--cache-dir", type=Path, default=None, help="tensor cache folder (default: none)")
