@@ -18,8 +18,8 @@ from sidecar.planner import (
     cpu_only_box,
     desktop_16gb_pcie5x16,
     laptop_4gb_pcie4x8,
-    plan,
 )
+from sidecar.planner import plan as fresh_plan
 from sidecar.planner.overrides import resolve
 from sidecar.planner.schedule import DECODE, GPU0, PREFILL
 from sidecar.planner.search import PlanMemo, thread_options
@@ -56,6 +56,24 @@ def model(name: str):
     return _cache[name]
 
 
+_machines: dict = {}
+_memos: dict = {}
+
+
+def machine(name: str):
+    """One machine object per preset, so plans of it share their priced passes (plan below)."""
+    if name not in _machines:
+        _machines[name] = HARDWARE[name]()
+    return _machines[name]
+
+
+def plan(m, hw, budget, ctx=4096, options=PlanOptions()):
+    """The planner's plan with the passes kept per model and machine, as the daemon keeps them
+    (PlanMemo): the fast tier's planner tests in half the time. That a kept memo changes no plan
+    is test_a_kept_memo_plans_what_a_fresh_plan_does's, which plans from nothing."""
+    return fresh_plan(m, hw, budget, ctx, options, _memos.setdefault((id(m), id(hw)), PlanMemo()))
+
+
 def families(schedule, phase=None) -> set[str]:
     return {t.placement for t in schedule.tiers if phase is None or t.phase == phase}
 
@@ -63,7 +81,7 @@ def families(schedule, phase=None) -> set[str]:
 @pytest.mark.parametrize("hw", sorted(HARDWARE))
 @pytest.mark.parametrize("name", ["llama_8b", "smollm2"])
 def test_budget_zero_means_cpu_only(hw, name):
-    s = plan(model(name), HARDWARE[hw](), Budget(0), ctx=4096)
+    s = plan(model(name), machine(hw), Budget(0), ctx=4096)
     assert families(s) == {CPU_ONLY}
     assert s.vram_bytes == 0 and s.n_gpu_layers == 0 and not s.op_offload and not s.kv_on_gpu
     assert s.tensor_overrides == ()
@@ -76,7 +94,7 @@ def test_budget_zero_means_cpu_only(hw, name):
      ("laptop", "smollm2", 512 * MIB)],
 )
 def test_budget_larger_than_the_model_means_full_gpu_for_every_tier(hw, name, budget):
-    s = plan(model(name), HARDWARE[hw](), Budget(budget), ctx=4096)
+    s = plan(model(name), machine(hw), Budget(budget), ctx=4096)
     assert families(s) == {FULL_GPU}
     assert s.n_gpu_layers == model(name).n_layer + 1 and s.tensor_overrides == ()
     assert s.kv_on_gpu and not s.op_offload
@@ -87,7 +105,7 @@ def test_budget_larger_than_the_model_means_full_gpu_for_every_tier(hw, name, bu
 def test_moe_far_larger_than_budget_pins_attention_and_streams_experts_for_prefill(hw):
     m = model("qwen3_30b_a3b")
     assert m.total_bytes > 8 * 2 * GIB
-    s = plan(m, HARDWARE[hw](), Budget(2 * GIB), ctx=4096)
+    s = plan(m, machine(hw), Budget(2 * GIB), ctx=4096)
     by_unit = {u.unit: u for u in s.units}
     units = sub_layers(m)
     # Attention (with its KV) and the routers are pinned...
@@ -109,11 +127,10 @@ def test_moe_far_larger_than_budget_pins_attention_and_streams_experts_for_prefi
 @pytest.mark.parametrize("name", ["qwen3_30b_a3b", "llama_8b"])
 def test_more_budget_never_predicts_slower(hw, name):
     budgets = [0, 256 * MIB, 512 * MIB, 1 * GIB, 2 * GIB, 3 * GIB, 4 * GIB, 8 * GIB, 16 * GIB]
-    machine = HARDWARE[hw]()
+    box = machine(hw)
     previous = 0.0
-    memo, m = PlanMemo(), model(name)  # budget after budget, as a daemon plans
-    for b in (b for b in budgets if b <= machine.gpu.vram_bytes):
-        s = plan(m, machine, Budget(b), ctx=4096, memo=memo)
+    for b in (b for b in budgets if b <= box.gpu.vram_bytes):
+        s = plan(model(name), box, Budget(b), ctx=4096)  # budget after budget, as a daemon plans
         # The objective (geometric mean of tokens/s over the tiers) never drops; a single tier
         # may trade a little speed for a larger gain elsewhere.
         assert s.objective() >= previous * 0.999, f"{b >> 20} MiB"
@@ -124,11 +141,11 @@ def test_a_kept_memo_plans_what_a_fresh_plan_does():
     """PlanMemo only saves time: a plan after others, with passes priced before, is the schedule a
     plan from nothing makes, whichever budgets came before it."""
     laptop, m, memo = laptop_4gb_pcie4x8(), model("qwen3_30b_a3b"), PlanMemo()
-    plan(m, laptop, Budget(2 * GIB), ctx=4096, memo=memo)
-    assert plan(m, laptop, Budget(512 * MIB), ctx=4096, memo=memo) == plan(m, laptop, Budget(512 * MIB), ctx=4096)
+    fresh_plan(m, laptop, Budget(2 * GIB), ctx=4096, memo=memo)
+    assert fresh_plan(m, laptop, Budget(512 * MIB), ctx=4096, memo=memo) == fresh_plan(m, laptop, Budget(512 * MIB), ctx=4096)
     # Another machine: the memo starts over rather than price passes for the wrong one.
     desktop = desktop_16gb_pcie5x16()
-    assert plan(m, desktop, Budget(3 * GIB), ctx=4096, memo=memo) == plan(m, desktop, Budget(3 * GIB), ctx=4096)
+    assert fresh_plan(m, desktop, Budget(3 * GIB), ctx=4096, memo=memo) == fresh_plan(m, desktop, Budget(3 * GIB), ctx=4096)
     assert memo.hw is desktop
 
 
@@ -139,7 +156,7 @@ def test_a_kept_memo_plans_what_a_fresh_plan_does():
 )
 def test_schedule_stays_within_budget_and_overrides_load_the_residency(hw, name, budget):
     m = model(name)
-    s = plan(m, HARDWARE[hw](), Budget(budget), ctx=4096)
+    s = plan(m, machine(hw), Budget(budget), ctx=4096)
     assert 0 < s.vram_bytes <= budget
     placed = resolve(m, sub_layers(m), s.tensor_overrides, s.n_gpu_layers)
     for u in s.units:
@@ -163,7 +180,7 @@ def test_partial_attention_streams_everything_for_large_tiers():
 @pytest.mark.parametrize("cap", [1, 2, 4, 6])
 @pytest.mark.parametrize("hw", ["laptop", "desktop", "cpu_box"])
 def test_plan_never_uses_more_threads_than_the_cap(hw, cap):
-    s = plan(model("llama_8b"), HARDWARE[hw](), Budget(2 * GIB, max_cpu_threads=cap), ctx=4096)
+    s = plan(model("llama_8b"), machine(hw), Budget(2 * GIB, max_cpu_threads=cap), ctx=4096)
     assert max(t.threads for t in s.tiers) <= cap
     assert s.threads_decode <= cap and s.threads_prefill <= cap
 
