@@ -431,3 +431,19 @@ def test_tools_go_in_json_frames_and_the_call_comes_in_the_final_chunk(bridge: B
     jsonschema.validate(json.loads(named["argumentsJson"]), ATTACK)
     [refused] = bridge.call("Generate", {**request, "toolChoice": "dance"}, call_id="dance")
     assert refused["error"]["code"] == "INVALID_ARGUMENT" and "dance" in refused["error"]["message"]
+
+
+def test_a_token_id_prompt_is_fed_as_given(bridge: BridgeClient) -> None:
+    """promptTokens over the bridge, as a plain WebSocket client writes it: "Hello there" one
+    character per token is as many prompt tokens (its text would tokenize to fewer)."""
+    [tokenized] = bridge.call("Tokenize", {"text": "Hello there"}, call_id="t")
+    ids = []
+    for i, c in enumerate("Hello there"):
+        [piece] = bridge.call("Tokenize", {"text": c}, call_id=f"t{i}")
+        ids.append(piece["result"]["tokens"][0])
+    assert len(tokenized["result"]["tokens"]) < len(ids)
+    frames = bridge.call("Generate", {"promptTokens": {"ids": ids}, "maxTokens": 2, "sampling": {"temperature": 0}})
+    final = [f["chunk"] for f in frames if "chunk" in f][-1]["final"]
+    assert final["usage"]["promptTokens"] == len(ids)
+    [refused] = bridge.call("Generate", {"promptTokens": {"ids": [1, 10**8]}, "maxTokens": 1}, call_id="bad")
+    assert refused["error"]["code"] == "INVALID_ARGUMENT" and "prompt_tokens[1]" in refused["error"]["message"], refused
