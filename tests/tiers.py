@@ -1,6 +1,6 @@
 """Which tests are `fast`: those that load no model into llama.cpp and start no process.
 
-`./scripts/test --fast` runs only them (pytest -m fast), in about 80 s on 2 cores: the planner, the
+`./scripts/test --fast` runs only them (pytest -m fast), in about 70 s on 2 cores: the planner, the
 cost model, schema bounds, the proto, the import graph, step planning, save formats... A rule
 decides, not a list, so a test added tomorrow lands in the right tier without anyone
 remembering a list: a test is slow when its own source, a fixture it uses (at any depth), or a
