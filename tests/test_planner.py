@@ -149,6 +149,21 @@ def test_a_kept_memo_plans_what_a_fresh_plan_does():
     assert memo.hw is desktop
 
 
+def test_a_kept_memo_stays_bounded(monkeypatch):
+    """A budget following free VRAM all evening must not grow the memo without end: past the cap
+    the priced placements start over, and the next plan keeps only its own."""
+    import sidecar.planner.search as search
+
+    monkeypatch.setattr(search, "MAX_PLACEMENTS_KEPT", 50)
+    m, desktop, memo, alone = model("llama_8b"), desktop_16gb_pcie5x16(), PlanMemo(), PlanMemo()
+    for b in (1 * GIB, 2 * GIB):
+        fresh_plan(m, desktop, Budget(b), ctx=4096, memo=memo)
+    fresh_plan(m, desktop, Budget(3 * GIB), ctx=4096, memo=memo)
+    fresh_plan(m, desktop, Budget(3 * GIB), ctx=4096, memo=alone)
+    kept = {k: e.placements_kept for k, e in memo.evaluators.items()}
+    assert kept == {k: e.placements_kept for k, e in alone.evaluators.items()} and max(kept.values()) > 50
+
+
 @pytest.mark.parametrize(
     "hw, name, budget",
     [("laptop", "qwen3_30b_a3b", 2 * GIB), ("laptop", "qwen3_30b_a3b", 700 * MIB), ("desktop", "qwen3_30b_a3b", 16 * GIB),

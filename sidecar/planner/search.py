@@ -116,6 +116,16 @@ class Evaluator:
         self._passes: dict[tuple, PassCost] = {}
         self._where: dict[tuple[Residency, bool, bool], tuple[str, ...]] = {}
 
+    @property
+    def placements_kept(self) -> int:
+        return len(self._passes)
+
+    def forget_placements(self) -> None:
+        """Drop the priced placements (each new budget adds its own); the pass figures, one per
+        pass shape whatever the budget, stay."""
+        self._passes.clear()
+        self._where.clear()
+
     def passes_cost(self, candidate: Candidate, shapes: tuple[PassShape, ...], threshold: int,
                     threads: int) -> tuple[float, float, float, bool]:
         """(seconds, copy bytes, CPU seconds busy during copies, streamed at all) of a sequence of passes."""
@@ -185,6 +195,12 @@ def evaluate_candidate(ev: Evaluator, candidate: Candidate, tiers: tuple[TokenTi
     return CandidateResult(candidate, best[1], best[2], best[0], tuple(family_seconds))
 
 
+# Priced placements a PlanMemo keeps per KV type: every new budget adds its own (about 200 for a
+# 30B MoE, 0.25 MB), and a game that lets the budget follow free VRAM for an evening sends many.
+# Past this (about 10 MB) the placements start over; the pass figures, bounded, stay.
+MAX_PLACEMENTS_KEPT = 16_384
+
+
 @dataclass(eq=False)
 class PlanMemo:
     """Passes priced by earlier plans of the same model on the same machine, for the next plan.
@@ -211,6 +227,8 @@ class PlanMemo:
         if ev is None:
             ev = self.evaluators[key] = Evaluator(model, hw, self.units, options, kv_type, threads)
         ev.options, ev.threads = options, threads  # thread_slack and the counts may differ per plan
+        if ev.placements_kept > MAX_PLACEMENTS_KEPT:
+            ev.forget_placements()
         return ev
 
 
