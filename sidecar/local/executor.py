@@ -28,6 +28,13 @@ log = structlog.get_logger("executor")
 OP_OFFLOAD_ENV = "GGML_OP_OFFLOAD_MIN_BATCH"
 
 
+def _plan_memo() -> object:
+    """A new memo; the planner is imported where plans are made, not with this module."""
+    from sidecar.planner.search import PlanMemo
+
+    return PlanMemo()
+
+
 @dataclass(frozen=True)
 class PlanInputs:
     """What the planner needs besides the budget: the model's structure and this machine."""
@@ -39,13 +46,7 @@ class PlanInputs:
     startup: object = None
     # sidecar.planner.search.PlanMemo: the passes earlier plans priced, so a budget change plans
     # in a fraction of the first plan's time (a 30B MoE: 0.9 s first).
-    memo: object = field(default_factory=lambda: _plan_memo(), compare=False, repr=False)
-
-
-def _plan_memo() -> object:
-    from sidecar.planner.search import PlanMemo
-
-    return PlanMemo()
+    memo: object = field(default_factory=_plan_memo, compare=False, repr=False)
 
 
 def load_plan_inputs(settings: Settings, model=None) -> PlanInputs | None:
