@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from sidecar.backend.prompt_layout import RECALLED, new_turn, untold
-from sidecar.backend.requests import Prompt
+from sidecar.backend.chat_segments import Segment, tokenize_segments
+from sidecar.backend.requests import IMAGE_MARKER, Prompt
 from sidecar.errors import InvalidArgument
 from sidecar.memory import recall
 from sidecar.memory.lexical import LEXICAL_DIMS, lexical_vector
@@ -95,9 +96,25 @@ def test_dropped_turns_become_one_memory_per_user_turn() -> None:
 
 
 def test_choose_keeps_to_the_budget_and_the_score_floor() -> None:
-    found = [(None, 0.9, "a" * 300), (None, 0.8, "b" * 30), (None, 0.5, "c" * 30), (None, 0.1, "d")]
+    found = [(None, 0.5, "a" * 300), (None, 0.45, "b" * 30), (None, 0.41, "c" * 30), (None, 0.1, "d")]
     assert recall.choose(found, budget_tokens=45) == [1, 2]  # the long one does not fit; d scores too low
     assert recall.choose(found, budget_tokens=1000) == [0, 1, 2]
+
+
+def test_choose_tells_only_what_scores_near_the_best() -> None:
+    # A clear match leaves the chatter behind it untold, though it clears the floor and fits.
+    found = [(None, 0.78, "fact"), (None, 0.31, "chatter"), (None, 0.30, "more chatter")]
+    assert recall.choose(found, budget_tokens=1000) == [0]
+    # Close scores are all told: the fact may be second (bench/run.py memory: up to 0.069 behind).
+    close = [(None, 0.40, "chatter"), (None, 0.39, "more chatter"), (None, 0.33, "fact"), (None, 0.29, "far")]
+    assert recall.choose(close, budget_tokens=1000) == [0, 1, 2]
+    assert recall.choose([], budget_tokens=1000) == []
+
+
+def test_choose_tells_a_text_once() -> None:
+    said = "The player said: Good morning!\nYou answered: Morning."
+    found = [(None, 1.0, said), (None, 1.0, said), (None, 0.95, "The player said: Good morning, Brom!")]
+    assert recall.choose(found, budget_tokens=1000) == [0, 2]
 
 
 def test_memories_sit_after_the_persona_and_history_before_the_new_turn() -> None:
@@ -119,7 +136,16 @@ def test_a_memory_the_conversation_holds_is_not_told_again() -> None:
     assert untold(("Mira is her name",), history[2:]) == (0,)
 
 
-@pytest.mark.parametrize("text", ["", "   ", "a\x00b", "\x1b[2J", "x" * 5000])
+def test_a_dropped_turns_image_is_no_image_when_recalled() -> None:
+    # An OpenAI chat turn's image sits in its message as the marker; recalled with it, the marker
+    # would stand for an image the later turn does not carry and the turn would be refused.
+    turns = recall.turn_memories((("user", f"{IMAGE_MARKER}\nWhat is this?"), ("assistant", "A sword.")), first_turn=1)
+    assert IMAGE_MARKER not in turns[0].text and IMAGE_MARKER not in turns[0].said
+    told = new_turn(Prompt(messages=(("user", "and now?"),), memories=(turns[0].text,)), [])
+    tokenize_segments(lambda text, add_bos, parse_special: [0] * len(text), [Segment(c, False) for _, c in told])
+
+
+@pytest.mark.parametrize("text", ["", "   ", "a\x00b", "\x1b[2J", "x" * 5000, f"a {IMAGE_MARKER} b"])
 def test_bad_memory_text_is_refused(text: str) -> None:
     with pytest.raises(InvalidArgument):
         check_text(text, "text")

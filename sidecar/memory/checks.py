@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import unicodedata
 
+from sidecar.backend.requests import refuse_image_marker
 from sidecar.errors import InvalidArgument
 
 MAX_TEXT_BYTES = 4096
@@ -27,6 +28,7 @@ def check_text(text: str, what: str) -> str:
     for ch in text:
         if unicodedata.category(ch) in ("Cc", "Cs", "Co", "Cn") and ch not in "\n\t":
             raise InvalidArgument(f"{what} may not contain control or unassigned characters (found U+{ord(ch):04X})")
+    refuse_image_marker(text, what)  # a recalled memory is prompt text, where the marker stands for an image
     return text
 
 
