@@ -1,5 +1,5 @@
-"""AskImage is checked as every turn is (issue 37: one turn, built once): its question and image
-first, then the GenerateRequest it amounts to, by the same rules and the backend's limits. Before,
+"""AskImage is checked as every turn is (issue 37: one turn, built once): its question first, then
+the Turn it amounts to, by the same rules and the backend's limits, and its image. Before,
 AskImage had a spec builder of its own that skipped them: a logit bias past the vocabulary, or a
 question longer than the prompt limit by its bytes alone, reached the engine."""
 
@@ -10,11 +10,15 @@ import pytest
 from sidecar.api import pb
 from sidecar.backend.contract import RequestLimits
 from sidecar.errors import ContextLengthExceeded, InvalidArgument
-from sidecar.service.convert import image_spec_from_pb
+from sidecar.service.turn import image_turn, turn_spec
 
 pytestmark = pytest.mark.fast
 LIMITS = RequestLimits(max_prompt_tokens=64, max_tokens_per_request=256, vision=True, compiles_grammar=False,
                        vocabulary=49152, model_calls=True)
+
+
+def image_spec_from_pb(request: pb.AskImageRequest, limits: RequestLimits, max_image_bytes: int):
+    return turn_spec(image_turn(request), limits, max_image_bytes)
 
 
 def follow_up(**fields) -> pb.AskImageRequest:
@@ -34,3 +38,12 @@ def test_the_backends_limits_hold_for_image_questions_too() -> None:
         image_spec_from_pb(follow_up(question="What is that? " * 200), LIMITS, 1 << 20)
     with pytest.raises(InvalidArgument, match="no image"):
         image_spec_from_pb(pb.AskImageRequest(question="What is this?"), LIMITS, 1 << 20)
+
+
+def test_an_image_question_is_a_turn_with_its_image() -> None:
+    png = b"\x89PNG\r\n\x1a\n"
+    turn = image_turn(pb.AskImageRequest(question="What is this?", image=pb.Image(encoded=png)))
+    assert turn.asks_about_image and turn.image.encoded == png and not turn.resends_history
+    assert turn.request.messages.messages[0].content.endswith("\nWhat is this?")
+    with pytest.raises(InvalidArgument, match="raw.format"):
+        image_spec_from_pb(pb.AskImageRequest(question="What?", image=pb.Image(raw=pb.RawImage(pixels=b"x"))), LIMITS, 1 << 20)

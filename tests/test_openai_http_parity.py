@@ -189,14 +189,14 @@ def test_max_tokens_above_the_limit_is_clamped_and_the_reply_says_so(client: ope
 
 
 def test_max_tokens_maps_onto_the_request() -> None:
-    def turn(**body) -> translate.Turn:
+    def turn(**body) -> translate.Asked:
         parsed = ChatCompletionRequest.model_validate_json(json.dumps({"messages": ask("Hi"), **body}), strict=True)
         return translate.chat_request(parsed, "", LIMIT)
 
-    assert (turn(max_tokens=10).request.max_tokens, turn(max_tokens=10).max_tokens_clamped) == (10, None)
-    assert (turn(max_tokens=10**9).request.max_tokens, turn(max_tokens=10**9).max_tokens_clamped) == (LIMIT, LIMIT)
-    assert (turn(max_tokens=-1).request.max_tokens, turn(max_tokens=-1).max_tokens_clamped) == (LIMIT, None)
-    assert turn(max_completion_tokens=12.0).request.max_tokens == 12
+    assert (turn(max_tokens=10).first.request.max_tokens, turn(max_tokens=10).max_tokens_clamped) == (10, None)
+    assert (turn(max_tokens=10**9).first.request.max_tokens, turn(max_tokens=10**9).max_tokens_clamped) == (LIMIT, LIMIT)
+    assert (turn(max_tokens=-1).first.request.max_tokens, turn(max_tokens=-1).max_tokens_clamped) == (LIMIT, None)
+    assert turn(max_completion_tokens=12.0).first.request.max_tokens == 12
 
 
 # -- 4, 5. earlier calls and their results go back whole ---------------------------------------
@@ -215,13 +215,13 @@ def _after(calls: list[dict], *, named: bool = False) -> list[dict]:
 
 def test_every_call_and_each_result_by_its_function_s_name_reach_the_model() -> None:
     parsed = ChatCompletionRequest.model_validate_json(json.dumps({"messages": _after(_calls("give_item", "wave"))}), strict=True)
-    sent = [(m.role, m.content) for m in translate.chat_request(parsed, "", LIMIT).request.messages.messages]
+    sent = [(m.role, m.content) for m in translate.chat_request(parsed, "", LIMIT).first.request.messages.messages]
     # Several calls as the JSON array a parallel_tool_calls reply is; one call stays its object.
     assert json.loads(sent[2][1]) == [{"name": "give_item", "arguments": {"item": "ale"}}, {"name": "wave", "arguments": {}}]
     assert sent[3:] == [("user", "Result of give_item: Done."), ("user", "Result of wave: Done.")]
     orphan = [*INNKEEPER, {"role": "tool", "tool_call_id": "call_9", "content": "Done."}]
     parsed = ChatCompletionRequest.model_validate_json(json.dumps({"messages": orphan}), strict=True)
-    assert translate.chat_request(parsed, "", LIMIT).request.messages.messages[-1].content == "Result of call_9: Done."
+    assert translate.chat_request(parsed, "", LIMIT).first.request.messages.messages[-1].content == "Result of call_9: Done."
 
 
 @slow
@@ -263,7 +263,7 @@ def test_parallel_tool_calls_admits_an_array_only_when_asked() -> None:
     # Asked in so many words (unset and false keep one call), and with auto or required only.
     def parallel(**body) -> bool:
         parsed = ChatCompletionRequest.model_validate_json(json.dumps({"messages": ask("Hi"), "tools": [GIVE], **body}), strict=True)
-        return translate.chat_request(parsed, "", LIMIT).request.parallel_tool_calls
+        return translate.chat_request(parsed, "", LIMIT).first.request.parallel_tool_calls
     assert [parallel(), parallel(parallel_tool_calls=False), parallel(parallel_tool_calls=True),
             parallel(parallel_tool_calls=True, tool_choice="required"),
             parallel(parallel_tool_calls=True, tool_choice={"type": "function", "function": {"name": "give_item"}})] == \

@@ -13,15 +13,18 @@ from sidecar.backend.requests import IMAGE_MARKER
 from sidecar.errors import InvalidArgument
 from sidecar.service import convert
 from sidecar.service.openai_http import translate
+from sidecar.service.turn import Turn
 from sidecar.service.openai_http.request_models import ChatCompletionRequest, CompletionRequest
 
 PNG_1PX = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSuQmCC"
 
 
-def chat(session_id: str = "", limit: int = 2048, **body) -> translate.Turn:
+def chat(session_id: str = "", limit: int = 2048, **body) -> Turn:
     body.setdefault("messages", [{"role": "user", "content": "Hi"}])
     parsed = ChatCompletionRequest.model_validate_json(json.dumps(body), strict=True)
-    return translate.chat_request(parsed, session_id, limit)
+    asked = translate.chat_request(parsed, session_id, limit)
+    assert len(asked.turns) == 1
+    return asked.first
 
 
 def test_the_whole_conversation_goes_to_the_core_every_turn() -> None:
@@ -31,7 +34,7 @@ def test_the_whole_conversation_goes_to_the_core_every_turn() -> None:
                                   {"role": "developer", "content": [{"type": "text", "text": "Be kind."}]}])
     r = turn.request
     assert [(m.role, m.content) for m in r.messages.messages] == [("user", "Hi"), ("assistant", "Hello."), ("system", "Be kind.")]
-    assert r.session_id == "brom" and not r.reset_session
+    assert r.session_id == "brom" and not r.reset_session and turn.resends_history
 
 
 def test_sampling_stop_and_max_tokens_map_onto_the_request() -> None:
@@ -59,7 +62,7 @@ def test_an_image_part_becomes_the_marker_and_the_image_bytes() -> None:
                {"type": "image_url", "image_url": {"url": "data:image/png;base64," + PNG_1PX}}]
     turn = chat(messages=[{"role": "user", "content": content}])
     assert turn.request.messages.messages[0].content == f"What is this?\n{IMAGE_MARKER}"
-    assert turn.image is not None and turn.image.startswith(b"\x89PNG")
+    assert turn.image is not None and turn.image.encoded.startswith(b"\x89PNG")
 
 
 @pytest.mark.parametrize("body, message", [
@@ -94,16 +97,19 @@ def test_completion_fields_that_cannot_be_honoured_are_refused(body: dict, messa
 def test_candidates_and_several_prompts_are_one_offs() -> None:
     assert chat(n=3).request.session_id == "" and chat(n=3).request.n == 3
     parsed = CompletionRequest.model_validate_json(json.dumps({"prompt": ["a", "b"]}), strict=True)
-    turns = translate.completion_requests(parsed, "npc", 2048, ["a", "b"])
+    turns = translate.completion_requests(parsed, "npc", 2048, ["a", "b"]).turns
     assert [t.request.prompt for t in turns] == ["a", "b"] and all(t.request.session_id == "" for t in turns)
+    # One request's generations, which the engine admits in turn with other requests'.
+    assert turns[0].group and turns[0].group == turns[1].group
     one = CompletionRequest.model_validate_json(json.dumps({"prompt": "a"}), strict=True)
-    assert translate.completion_requests(one, "npc", 2048, ["a"])[0].request.session_id == "npc"
+    assert translate.completion_requests(one, "npc", 2048, ["a"]).first.request.session_id == "npc"
+    assert translate.completion_requests(one, "npc", 2048, ["a"]).first.group == ""
 
 
 def test_token_id_prompts_go_on_as_token_ids() -> None:
     parsed = CompletionRequest.model_validate_json(json.dumps({"prompt": [[5, 6], [7]]}), strict=True)
     texts, ids = translate.prompt_texts(parsed)
-    turns = translate.completion_requests(parsed, "npc", 2048, [*texts, *ids])
+    turns = translate.completion_requests(parsed, "npc", 2048, [*texts, *ids]).turns
     assert [list(t.request.prompt_tokens.ids) for t in turns] == [[5, 6], [7]]
     assert all(t.request.WhichOneof("input") == "prompt_tokens" and not t.request.session_id for t in turns)
     assert convert.generation_spec_from_pb(turns[0].request, 2048).prompt.token_ids == (5, 6)
@@ -120,7 +126,7 @@ ATTACK = {"type": "function", "function": {"name": "attack", "description": "str
 FLEE = {"type": "function", "function": {"name": "flee", "parameters": {"type": "object", "properties": {}}}}
 
 
-def spec_of(turn: translate.Turn):
+def spec_of(turn: Turn):
     """The spec the core makes of the turn's request, as it would for gRPC."""
     return convert.generation_spec_from_pb(turn.request, 2048)
 
@@ -154,7 +160,7 @@ def test_only_the_last_image_travels_with_the_request() -> None:
     turn = chat(messages=[{"role": "user", "content": [first]}, {"role": "assistant", "content": "A tree."},
                           {"role": "user", "content": [{"type": "text", "text": "And now?"}, first]}])
     assert [m.content.count(IMAGE_MARKER) for m in turn.request.messages.messages] == [1, 0, 1]
-    assert turn.image is not None and turn.image.startswith(b"\x89PNG")
+    assert turn.image is not None and turn.image.encoded.startswith(b"\x89PNG")
     assert isinstance(turn.request, pb.GenerateRequest)
 
 

@@ -95,6 +95,19 @@ def test_a_follow_up_reuses_the_image_kv_instead_of_encoding_again(vclient) -> N
     assert vclient.end_session("scout") > 2 * PROJECTOR_TOKENS
 
 
+def test_an_image_question_in_a_session_is_a_turn_like_any_other(vclient) -> None:
+    """AskImage goes the one way every turn goes (service/turn.py): a session's image question
+    recalls the memories of the scopes it reads, as a chat turn does."""
+    fact = vclient.remember(["The lookout saw black sails off the north cape."], scope="lookout")[0]
+    asked = vclient.ask_image("Are those the black sails from the north cape?", image=screenshot(seed=9),
+                              session_id="lookout", max_tokens=2, sampling=GREEDY)
+    assert list(asked.final.memories_used) == [fact.id]
+    follow = vclient.ask_image("Where did the sails come from?", session_id="lookout", max_tokens=2, sampling=GREEDY)
+    assert fact.id not in follow.final.memories_used  # told once, it is in the conversation now
+    vclient.end_session("lookout")
+    vclient.forget(scope="lookout")
+
+
 def test_status_reports_vision_and_vlmopt_frees_the_encoder(vclient) -> None:
     vclient.ask_image("Anything?", image=screenshot(seed=7), max_tokens=2, sampling=GREEDY)
     status = vclient.status()

@@ -15,6 +15,7 @@ from google.protobuf.message import Message
 from sidecar.api import pb
 from sidecar.service.caller import Caller
 from sidecar.service.core import SidecarService
+from sidecar.service.turn import Turn
 
 SERVICE = pb.DESCRIPTOR.services_by_name["Sidecar"]
 
@@ -22,7 +23,7 @@ SERVICE = pb.DESCRIPTOR.services_by_name["Sidecar"]
 # calls return an async iterator of responses, unary ones an awaitable response.
 Invoke = Callable[[SidecarService, Message, Caller], AsyncIterator[Message] | Awaitable[Message]]
 _INVOKE: dict[str, Invoke] = {
-    "Generate": lambda core, request, caller: core.generate(request),
+    "Generate": lambda core, request, caller: core.generate(Turn(request)),
     "AskImage": lambda core, request, caller: core.ask_image(request),
     "SetBudget": lambda core, request, caller: core.set_budget(request),
     "WatchState": lambda core, request, caller: core.watch_state(),

@@ -10,19 +10,17 @@ from dataclasses import replace
 
 from sidecar.api import pb
 from sidecar.budget import Budget
-from sidecar.backend.contract import BackendSnapshot, RequestLimits
+from sidecar.backend.contract import BackendSnapshot
 from sidecar.backend.engine_config import EngineConfig
 from sidecar.backend.load_report import is_vram
 from sidecar.backend.request_state import RequestView
 from sidecar.backend.requests import (
     DEFAULT_MAX_TOKENS,
-    IMAGE_MARKER,
     Finished,
     FinishReason,
     GenerationSpec,
     Prompt,
     TokenLogprob,
-    refuse_image_marker,
 )
 from sidecar.backend.sampling import SamplingConfig
 from sidecar.errors import ContextLengthExceeded, InvalidArgument
@@ -31,7 +29,6 @@ from sidecar.native.grammar import json_schema_grammar
 from sidecar.service.request_checks import check_prompt_size, check_session_id, normalized_schema
 from sidecar.service.schema_bounds import check_grammar
 from sidecar.service import token_controls, tool_calls
-from sidecar.vision.image_input import decode_encoded, decode_raw
 
 MAX_STOP_STRINGS = 16
 MAX_STOP_LENGTH = 256
@@ -132,21 +129,6 @@ def stop_strings(stop) -> tuple[str, ...]:
     return stops
 
 
-def turn_spec(r: pb.GenerateRequest, limits: RequestLimits, image: bytes | None = None, max_image_bytes: int = 0,
-              resends_history: bool = False) -> GenerationSpec:
-    """Every transport's generation request, as the backend takes it: the fields checked by
-    generation_spec_from_pb, then the turn's image (PNG or JPEG, checked before any native code
-    sees it), which goes with the conversation's last image marker."""
-    spec = generation_spec_from_pb(r, limits.max_prompt_tokens, compile_grammar=limits.compiles_grammar)
-    token_controls.check_against_backend(spec, r, limits)
-    if resends_history:
-        spec = replace(spec, resends_history=True)
-    if image is not None:
-        # A resent turn's image is asked about only if its message is new (resent_turns.py).
-        spec = replace(spec, image=decode_encoded(image, max_image_bytes), asks_about_image=not resends_history)
-    return spec
-
-
 def generation_spec_from_pb(r: pb.GenerateRequest, max_prompt_tokens: int | None = None, *,
                             compile_grammar: bool = True) -> GenerationSpec:
     """A validated GenerationSpec, or InvalidArgument naming the field that is wrong. A prompt too
@@ -194,45 +176,6 @@ def generation_spec_from_pb(r: pb.GenerateRequest, max_prompt_tokens: int | None
         request_id=r.request_id,
         logprobs=r.logprobs if r.HasField("logprobs") else None,
     )
-
-
-_RAW_LAYOUT = {pb.PIXEL_FORMAT_RGBA8: "rgba8", pb.PIXEL_FORMAT_BGRA8: "bgra8", pb.PIXEL_FORMAT_RGB8: "rgb8"}
-MAX_QUESTION_CHARS = 8192
-
-
-def image_spec_from_pb(r: pb.AskImageRequest, limits: RequestLimits, max_image_bytes: int) -> GenerationSpec:
-    """A validated image question, checked as every turn is: the question and its image here
-    (decoded before the engine sees it), then the rest as the GenerateRequest it amounts to, by
-    turn_spec's rules (generation_spec_from_pb and the backend's limits).
-
-    Without an image the question is a follow-up about the session's last image."""
-    check_session_id(r.session_id)
-    question = r.question.strip()
-    if not question:
-        raise InvalidArgument("question is empty")
-    if len(question) > MAX_QUESTION_CHARS:
-        raise InvalidArgument(f"question is longer than {MAX_QUESTION_CHARS} characters")
-    refuse_image_marker(question, "question")
-    which = r.image.WhichOneof("source") if r.HasField("image") else None
-    if which == "encoded":
-        image = decode_encoded(r.image.encoded, max_image_bytes)
-    elif which == "raw":
-        raw = r.image.raw
-        if raw.format not in _RAW_LAYOUT:
-            raise InvalidArgument("raw.format must be PIXEL_FORMAT_RGBA8, PIXEL_FORMAT_BGRA8 or PIXEL_FORMAT_RGB8")
-        image = decode_raw(raw.pixels, raw.width, raw.height, raw.stride, _RAW_LAYOUT[raw.format], raw.bottom_up,
-                           max_image_bytes)
-    else:
-        image = None
-        if not r.session_id:
-            raise InvalidArgument("no image: send one (encoded or raw), or ask a follow-up with the session_id of an earlier image")
-    content = f"{IMAGE_MARKER}\n{question}" if image is not None else question
-    turn = pb.GenerateRequest(messages=pb.ChatMessages(messages=[pb.ChatMessage(role="user", content=content)]),
-                              sampling=r.sampling, max_tokens=r.max_tokens, stop=r.stop, json_schema=r.json_schema,
-                              session_id=r.session_id, request_id=r.request_id)
-    spec = generation_spec_from_pb(turn, limits.max_prompt_tokens, compile_grammar=limits.compiles_grammar)
-    token_controls.check_against_backend(spec, turn, limits)
-    return replace(spec, image=image, asks_about_image=True)
 
 
 def logprob_to_pb(e: TokenLogprob) -> pb.TokenLogprob:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import psutil
 import structlog
@@ -31,6 +31,7 @@ from sidecar.service.grammar_checks import GrammarChecks
 from sidecar.service.request_checks import check_session_id
 from sidecar.service.memories import Memories, MemorySettings, SessionMemory, added_event, stamp
 from sidecar.service.session_saves import SessionSaves
+from sidecar.service.turn import Turn, image_turn, turn_spec
 from sidecar.service.readiness import not_ready, profile_to_pb, starting_status
 from sidecar.service.state import DaemonState, StateHub
 
@@ -100,26 +101,20 @@ class SidecarService:
     def limits(self) -> RequestLimits:
         return self.ready_backend().limits
 
-    async def generate(self, request: pb.GenerateRequest, *, image: bytes | None = None,
-                       resends_history: bool = False, group: str = "") -> AsyncIterator[pb.GenerateChunk]:
-        """Stream a generation: every transport's one way in. `image` is an encoded PNG or JPEG
-        for the conversation's last image (an OpenAI chat turn); `resends_history` says the
-        messages are the whole conversation, which the backend matches against its session;
-        `group` names the request it is one of (several prompts; GenerationSpec.group).
+    async def generate(self, turn: Turn) -> AsyncIterator[pb.GenerateChunk]:
+        """Stream a generation: every transport's one way in, with the turn it built (turn.py).
         Stopping iteration early (client gone) cancels the backend job."""
+        request = turn.request
         n = token_controls.candidates(request)
-        spec = await self.spec_for(request, image=image, resends_history=resends_history)
-        if group:
-            spec = replace(spec, group=group)
+        spec = await self.spec_for(turn)
         remembers = self.memories.session_memory(request, spec)
         spec, used = await self.memories.for_turn(remembers, spec, self.limits.context_per_sequence)
-        calls = request.tools and request.tool_choice != "none"
         names = tuple(t.name for t in request.tools)
         replies: dict[int, list[str]] = {}
         chunks = self._stream(spec, remembers, used) if n == 1 else candidates.fan_out(spec, n, self._stream)
         try:
             async for chunk in chunks:
-                if calls:  # each reply is read as a call once whole
+                if turn.reads_calls:  # each reply is read as a call once whole
                     reply = replies.setdefault(chunk.index, [])
                     if chunk.HasField("final"):
                         tool_calls.finish_with_call(chunk.final, "".join(reply), names)
@@ -156,21 +151,20 @@ class SidecarService:
             raise Unimplemented(MODEL_ELSEWHERE)
         return await asyncio.wrap_future(model.call_model(run))
 
-    async def spec_for(self, request: pb.GenerateRequest, *, image: bytes | None = None,
-                       resends_history: bool = False) -> GenerationSpec:
-        """A GenerateRequest checked and converted as every transport's must be: its size, then
-        every field by the one rule of convert, then its image; all off the event loop."""
+    async def spec_for(self, turn: Turn) -> GenerationSpec:
+        """A turn checked and converted as every transport's must be: its size, then every field
+        by the one rule of convert, then its image; all off the event loop."""
         limits = self.limits
-        if image is not None and not limits.vision:  # before the bytes are looked at
+        if turn.needs_vision and not limits.vision:  # before the bytes are looked at
             raise FailedPrecondition(NO_VISION_MODEL)
-        # The transports admit messages up to the largest image; everything but AskImage keeps
-        # to --max-message-bytes, with the code gRPC itself gives an oversized message.
-        size = request.ByteSize()
+        # The transports admit messages up to the largest image; the turn itself (its image
+        # aside) keeps to --max-message-bytes, with the code gRPC itself gives an oversized message.
+        size = turn.request.ByteSize()
         if size > self.info.max_message_bytes:
             raise ResourceExhausted(f"the request is {size} bytes; the limit is {self.info.max_message_bytes} (--max-message-bytes)")
         # In a worker thread: a JSON schema's grammar, a long prompt's checks or a large PNG's
         # decoding must not hold up the event loop, which streams every other conversation.
-        spec = await asyncio.to_thread(convert.turn_spec, request, limits, image, self.info.max_image_bytes, resends_history)
+        spec = await asyncio.to_thread(turn_spec, turn, limits, self.info.max_image_bytes)
         await self._check_grammar(spec, limits)
         return spec
 
@@ -186,13 +180,11 @@ class SidecarService:
         await asyncio.to_thread(self.grammar_checks.check, model.config.model_path, spec.grammar, banned)
 
     async def ask_image(self, request: pb.AskImageRequest) -> AsyncIterator[pb.GenerateChunk]:
-        """Answer a question about a screenshot (or, in a session, about its last one)."""
-        if not self.limits.vision:  # before the image is even looked at
+        """Answer a question about a screenshot (or, in a session, about its last one): the chat
+        turn it amounts to, by generate's one path."""
+        if not self.limits.vision:  # before the question or image is even looked at
             raise FailedPrecondition(NO_VISION_MODEL)
-        # Decoding a large PNG takes tens of milliseconds: keep it off the event loop.
-        spec = await asyncio.to_thread(convert.image_spec_from_pb, request, self.limits, self.info.max_image_bytes)
-        await self._check_grammar(spec, self.limits)
-        async for chunk in self._stream(spec):
+        async for chunk in self.generate(image_turn(request)):
             yield chunk
 
     async def _stream(self, spec, remembers: SessionMemory | None = None, used: list | None = None) -> AsyncIterator[pb.GenerateChunk]:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
@@ -182,25 +181,22 @@ class OpenAIApi:
         if strict and name and name not in self.model_names:
             raise NotFound(f"the model {name!r} is not served here; GET /v1/models lists {self.model_id!r}")
 
-    def _stream(self, turns: list[translate.Turn]) -> AsyncIterator[pb.GenerateChunk]:
-        # The whole conversation, every turn, as OpenAI clients send it: the backend decides what
-        # its session already holds (resent_turns.py), never this transport. Several prompts run
-        # side by side, their choices in OpenAI's order (prompt i's candidate j is i * n + j), as
-        # one request's generations, which the engine admits in turn with other requests'.
-        group = uuid.uuid4().hex if len(turns) > 1 else ""
-        streams = [self.core.generate(t.request, image=t.image, resends_history=True, group=group) for t in turns]
-        return streams[0] if len(streams) == 1 else candidates.merged(streams, stride=turns[0].request.n or 1)
+    def _stream(self, asked: translate.Asked) -> AsyncIterator[pb.GenerateChunk]:
+        # Several prompts' choices come in OpenAI's order (prompt i's candidate j is i * n + j).
+        streams = [self.core.generate(turn) for turn in asked.turns]
+        return streams[0] if len(streams) == 1 else candidates.merged(streams, stride=asked.first.request.n or 1)
 
-    async def _respond(self, request: Request, turns: list[translate.Turn], ids: replies.ReplyIds, stream: bool,
-                       include_usage: bool, session_id: str) -> Response:
-        chunks = self._stream(turns)
-        turn = turns[0]
+    async def _respond(self, request: Request, asked: translate.Asked, ids: replies.ReplyIds, stream: bool,
+                       include_usage: bool) -> Response:
+        chunks = self._stream(asked)
+        turn = asked.first
         n = turn.request.n or 1
         asked_logprobs = turn.request.HasField("logprobs")
+        session_id = turn.request.session_id
         # Echoed where a header can carry it: a `user` field may hold any text, a header only ASCII.
         headers = {"X-Session-Id": session_id} if session_id and session_id.isascii() and session_id.isprintable() else {}
-        if turn.max_tokens_clamped is not None:
-            headers[CLAMPED_HEADER] = str(turn.max_tokens_clamped)
+        if asked.max_tokens_clamped is not None:
+            headers[CLAMPED_HEADER] = str(asked.max_tokens_clamped)
         try:
             # Errors before the first token (bad arguments, no projector, a full queue) get their
             # own status; only after it must they travel inside a 200 stream.
@@ -256,10 +252,10 @@ class OpenAIApi:
         self._check_text_size(raw, body)
         self._check_model(body.model, self.strict_model_names)
         session_id = translate.session_id_of(request.headers.get(SESSION_HEADER), body)
-        turn = translate.chat_request(body, session_id, self._max_tokens_limit())
+        asked = translate.chat_request(body, session_id, self._max_tokens_limit())
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         ids = replies.ReplyIds(self.model_id, chat=True)
-        return await self._respond(request, [turn], ids, bool(body.stream), include_usage, turn.request.session_id)
+        return await self._respond(request, asked, ids, bool(body.stream), include_usage)
 
     async def completions(self, request: Request) -> Response:
         raw = await self._body(request)
@@ -273,10 +269,10 @@ class OpenAIApi:
         if token_prompts and translate.completion_session(body, session_id, len(prompts)):
             # A session keeps text and matches a resent prompt on it (resent_turns.py).
             prompts = [(await self.core.detokenize(pb.DetokenizeRequest(tokens=token_prompts[0]))).text]
-        turns = translate.completion_requests(body, session_id, self._max_tokens_limit(), prompts)
+        asked = translate.completion_requests(body, session_id, self._max_tokens_limit(), prompts)
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         ids = replies.ReplyIds(self.model_id, chat=False)
-        return await self._respond(request, turns, ids, bool(body.stream), include_usage, turns[0].request.session_id)
+        return await self._respond(request, asked, ids, bool(body.stream), include_usage)
 
     async def embeddings(self, request: Request) -> Response:
         body = self._parse(model_routes.EmbeddingRequest, await self._small_body(request))

@@ -13,6 +13,7 @@ import base64
 import binascii
 import json
 import re
+import uuid
 from dataclasses import dataclass
 
 from sidecar.api import pb
@@ -30,22 +31,24 @@ from sidecar.service.openai_http.request_models import (
     _Sampling,
 )
 from sidecar.service.token_controls import MAX_CANDIDATES, token_id_key
+from sidecar.service.turn import Turn
 
 _DATA_URL = re.compile(r"data:image/(png|jpeg|jpg);base64,(.*)", re.DOTALL)
 
 
 @dataclass(frozen=True)
-class Turn:
-    """One request to the core: the xlm.v1 request carrying the whole conversation (the backend
-    decides what its session already holds), the conversation's last image, if any (PNG or JPEG
-    bytes, checked like AskImage's before any native code sees them), and whether the reply is
-    read for tool calls (the core reads them into the final chunk)."""
+class Asked:
+    """What an OpenAI request asks of the core: its turns (turn.py; several prompts run side by
+    side as one request's group), each carrying the whole conversation (the backend decides what
+    its session already holds) and its last image; and the limit max_tokens was lowered to
+    (--max-tokens-per-request), for the reply to say so."""
 
-    request: pb.GenerateRequest
-    image: bytes | None = None
-    reads_calls: bool = False
-    # The limit max_tokens was lowered to (--max-tokens-per-request), for the reply to say so.
+    turns: tuple[Turn, ...]
     max_tokens_clamped: int | None = None
+
+    @property
+    def first(self) -> Turn:
+        return self.turns[0]
 
 
 def session_id_of(header: str | None, body: _Sampling) -> str:
@@ -67,7 +70,7 @@ def _memory(body: _Sampling) -> pb.MemoryOptions | None:
                             off=m.off)
 
 
-def chat_request(body: ChatCompletionRequest, session_id: str, max_tokens_limit: int) -> Turn:
+def chat_request(body: ChatCompletionRequest, session_id: str, max_tokens_limit: int) -> Asked:
     if body.top_logprobs is not None and not body.logprobs:
         raise InvalidArgument("top_logprobs needs logprobs: true")
     # Several calls only when asked for in so many words: one call is what small models do well.
@@ -98,7 +101,8 @@ def chat_request(body: ChatCompletionRequest, session_id: str, max_tokens_limit:
     if body.logprobs:
         request.logprobs = body.top_logprobs or 0
     # Only the last image can be new (the backend refuses more than one new one).
-    return Turn(request, images[-1] if images else None, reads_calls, clamped)
+    image = pb.Image(encoded=images[-1]) if images else None
+    return Asked((Turn(request, image=image, resends_history=True),), clamped)
 
 
 def completion_session(body: CompletionRequest, session_id: str, prompts: int) -> str:
@@ -108,7 +112,7 @@ def completion_session(body: CompletionRequest, session_id: str, prompts: int) -
 
 
 def completion_requests(body: CompletionRequest, session_id: str, max_tokens_limit: int,
-                        prompts: list[str | list[int]]) -> list[Turn]:
+                        prompts: list[str | list[int]]) -> Asked:
     """One turn per prompt (`prompts`: the body's text or token ids), each with the body's n;
     choice i * n + j is prompt i's candidate j, as OpenAI orders them. Token ids go on as ids
     (GenerateRequest.prompt_tokens), except in a session, which keeps text: routes.py turns them to
@@ -121,6 +125,9 @@ def completion_requests(body: CompletionRequest, session_id: str, max_tokens_lim
         raise InvalidArgument("best_of must equal n: this server returns every completion it makes")
     max_tokens, clamped = _max_tokens(body.max_tokens, max_tokens_limit)
     session = completion_session(body, session_id, len(prompts))
+    # Several prompts run side by side, as one request's generations, which the engine admits in
+    # turn with other requests' (GenerationSpec.group).
+    group = uuid.uuid4().hex if len(prompts) > 1 else ""
     turns = []
     for prompt in prompts:
         request = pb.GenerateRequest(
@@ -140,8 +147,8 @@ def completion_requests(body: CompletionRequest, session_id: str, max_tokens_lim
             request.prompt_tokens.ids.extend(prompt)
         if body.logprobs is not None:
             request.logprobs = body.logprobs
-        turns.append(Turn(request, max_tokens_clamped=clamped))
-    return turns
+        turns.append(Turn(request, resends_history=True, group=group))
+    return Asked(tuple(turns), clamped)
 
 
 def prompt_texts(body: CompletionRequest) -> tuple[list[str], list[list[int]]]:
