@@ -95,26 +95,43 @@ def test_dropped_turns_become_one_memory_per_user_turn() -> None:
     assert "Mira" in turns[1].text and len(turns[1].text) < 400
 
 
+def told(found, budget_tokens: int) -> list[int]:
+    return [i for i, _ in recall.choose(found, budget_tokens)]
+
+
 def test_choose_keeps_to_the_budget_and_the_score_floor() -> None:
     found = [(None, 0.5, "a" * 300), (None, 0.45, "b" * 30), (None, 0.41, "c" * 30), (None, 0.1, "d")]
-    assert recall.choose(found, budget_tokens=45) == [1, 2]  # the long one does not fit; d scores too low
-    assert recall.choose(found, budget_tokens=1000) == [0, 1, 2]
+    assert told(found, budget_tokens=45) == [1, 2]  # the long one does not fit; d scores too low
+    assert told(found, budget_tokens=1000) == [0, 1, 2]
 
 
 def test_choose_tells_only_what_scores_near_the_best() -> None:
     # A clear match leaves the chatter behind it untold, though it clears the floor and fits.
     found = [(None, 0.78, "fact"), (None, 0.31, "chatter"), (None, 0.30, "more chatter")]
-    assert recall.choose(found, budget_tokens=1000) == [0]
+    assert told(found, budget_tokens=1000) == [0]
     # Close scores are all told: the fact may be second (bench/run.py memory: up to 0.069 behind).
     close = [(None, 0.40, "chatter"), (None, 0.39, "more chatter"), (None, 0.33, "fact"), (None, 0.29, "far")]
-    assert recall.choose(close, budget_tokens=1000) == [0, 1, 2]
-    assert recall.choose([], budget_tokens=1000) == []
+    assert told(close, budget_tokens=1000) == [0, 1, 2]
+    assert told([], budget_tokens=1000) == []
 
 
 def test_choose_tells_a_text_once() -> None:
     said = "The player said: Good morning!\nYou answered: Morning."
     found = [(None, 1.0, said), (None, 1.0, said), (None, 0.95, "The player said: Good morning, Brom!")]
-    assert recall.choose(found, budget_tokens=1000) == [0, 2]
+    assert told(found, budget_tokens=1000) == [0, 2]
+
+
+def test_a_turn_that_does_not_fit_whole_is_told_by_the_players_words() -> None:
+    turn = recall.turn_memories((("user", "My sister is called Mira."), ("assistant", "x " * 50)), first_turn=1)[0]
+    chatter = "The player said: Nice weather.\nYou answered: " + "y " * 40
+    found = [(None, 0.40, chatter), (None, 0.35, turn.text)]
+    budget = recall.estimated_tokens(RECALLED) + recall.estimated_tokens(chatter) + 12
+    assert recall.choose(found, budget) == [(0, chatter), (1, "The player said: My sister is called Mira.")]
+    # The same words the player said twice (answered differently) are told once.
+    again = "The player said: My sister is called Mira.\nYou answered: Nice."
+    assert [i for i, _ in recall.choose([(None, 0.4, turn.text), (None, 0.4, again)], 1000)] == [0]
+    # Memories the game wrote are told whole or not at all.
+    assert recall.choose([(None, 0.40, chatter), (None, 0.35, "Mira " * 30)], budget) == [(0, chatter)]
 
 
 def test_memories_sit_after_the_persona_and_history_before_the_new_turn() -> None:

@@ -80,24 +80,41 @@ def estimated_tokens(text: str) -> int:
 
 
 def choose(found: list[tuple[object, float, str]], budget_tokens: int, min_score: float = MIN_SCORE,
-           max_gap: float = MAX_GAP_FROM_BEST) -> list[int]:
-    """Indices into `found` ((memory, score, text), best first) that are told: scoring at least
-    `min_score` and no more than `max_gap` below the best, each text once (a player who greets
-    every NPC alike leaves many memories that read the same), while the block stays within
-    `budget_tokens`."""
-    chosen: list[int] = []
+           max_gap: float = MAX_GAP_FROM_BEST) -> list[tuple[int, str]]:
+    """(index into `found`, the text told) of the memories told, from `found` ((memory, score,
+    text), best first): scoring at least `min_score` and no more than `max_gap` below the best,
+    each text once (a player who greets every NPC alike leaves many memories that read the same),
+    while the block stays within `budget_tokens`.
+
+    Every memory that fits is told before any is told whole: a turn's memory goes in first as the
+    player's words alone (what they ask about again), then, best first and while the budget
+    allows, with the reply it got. At --ctx 1024 (a 128-token block) bench/run.py memory's evening
+    found two planted facts ranked third and fourth behind memories of about 40 tokens each, and
+    told whole the block had no room for them."""
+    picked: dict[int, str] = {}
     told: set[str] = set()
     used = estimated_tokens(RECALLED)
     floor = max(min_score, found[0][1] - max_gap) if found else min_score
     for i, (_, score, text) in enumerate(found):
         if score < floor:
             break
-        if text in told:
+        first = player_words(text) or text
+        if text in told or first in told:
             continue
-        cost = estimated_tokens(text)
-        if used + cost > budget_tokens:
-            continue  # a shorter memory further down may still fit
-        chosen.append(i)
-        told.add(text)
-        used += cost
-    return chosen
+        if used + estimated_tokens(first) <= budget_tokens:  # else a shorter one further down may fit
+            picked[i] = first
+            told.update((text, first))
+            used += estimated_tokens(first)
+    for i, first in picked.items():
+        whole = found[i][2]
+        more = estimated_tokens(whole) - estimated_tokens(first)
+        if whole != first and used + more <= budget_tokens:
+            picked[i] = whole
+            used += more
+    return sorted(picked.items())
+
+
+def player_words(text: str) -> str | None:
+    """A dropped turn's memory without the reply it got (None for any other memory)."""
+    said, _, reply = text.partition("\n")
+    return said if said.startswith(PLAYER) and reply.startswith(REPLY) else None

@@ -217,13 +217,14 @@ class Memories:
             self.recalls_late += 1
             log.info("memories late; the turn goes without them", session_id=spec.session_id)
             return spec, []
-        chosen = [found[i][0] for i in recall.choose([(m, s, m.text) for m, s in found], budget)]
+        picked = recall.choose([(m, s, m.text) for m, s in found], budget)
+        chosen = [found[i][0] for i, _ in picked]
         log.debug("recalled", session_id=spec.session_id, ms=round((time.perf_counter() - started) * 1000, 1),
                   found=len(found), told=len(chosen))
         if not chosen:
             return spec, []
         store.mark_used(chosen)
-        prompt = replace(spec.prompt, memories=tuple(m.text for m in chosen))
+        prompt = replace(spec.prompt, memories=tuple(text for _, text in picked))
         return replace(spec, prompt=prompt), chosen
 
     def _search(self, options: SessionMemory, query: str) -> list[tuple[Memory, float]]:
