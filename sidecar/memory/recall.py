@@ -30,9 +30,9 @@ MIN_SCORE = 0.2
 # are chatter that shares a word or two with the question. Measured on bench/run.py memory's
 # evening (20 paraphrased questions, best 4 of 140 memories, all-MiniLM-L6-v2): where the planted
 # fact was not the best match it scored at most 0.069 below it, while a clear match (0.4-0.78)
-# stood 0.1-0.47 above the rest. With 0.1 a turn tells 1.7 memories on average instead of 4, all
-# 20 facts still among them: the block, which is prefill every NPC in the batch waits behind,
-# shrinks by more than half.
+# stood 0.1-0.47 above the rest. With 0.1 a question told 1.35 memories instead of 2.2 (within
+# the 128-token block at --ctx 1024), the same facts among them: the block, which is prefill every
+# NPC in the batch waits behind, shrinks by a third.
 MAX_GAP_FROM_BEST = 0.1
 # Bytes per token assumed to keep the block within its budget without tokenizing on this thread
 # (English BPE averages about 4). The block may run a little over; the context trim still has the
@@ -101,17 +101,18 @@ def choose(found: list[tuple[object, float, str]], budget_tokens: int, min_score
         first = player_words(text) or text
         if text in told or first in told:
             continue
-        if used + estimated_tokens(first) <= budget_tokens:  # else a shorter one further down may fit
+        cost = estimated_tokens(first)
+        if used + cost <= budget_tokens:  # else a shorter one further down may fit
             picked[i] = first
             told.update((text, first))
-            used += estimated_tokens(first)
+            used += cost
     for i, first in picked.items():
         whole = found[i][2]
         more = estimated_tokens(whole) - estimated_tokens(first)
         if whole != first and used + more <= budget_tokens:
             picked[i] = whole
             used += more
-    return sorted(picked.items())
+    return list(picked.items())  # in `found`'s order, as picked
 
 
 def player_words(text: str) -> str | None:

@@ -19,7 +19,7 @@ from sidecar.errors import InvalidArgument
 from sidecar.service import token_controls
 from sidecar.service.convert import generation_spec_from_pb
 from sidecar.service.request_checks import check_session_id
-from sidecar.vision.image_input import decode_encoded, decode_raw
+from sidecar.vision.image_input import RgbImage, decode_encoded, decode_raw
 
 MAX_QUESTION_CHARS = 8192
 _RAW_LAYOUT = {pb.PIXEL_FORMAT_RGBA8: "rgba8", pb.PIXEL_FORMAT_BGRA8: "bgra8", pb.PIXEL_FORMAT_RGB8: "rgb8"}
@@ -60,7 +60,7 @@ def turn_spec(turn: Turn, limits: RequestLimits, max_image_bytes: int) -> Genera
                    resends_history=turn.resends_history, group=turn.group)
 
 
-def decode_image(image: pb.Image, max_image_bytes: int):
+def decode_image(image: pb.Image, max_image_bytes: int) -> RgbImage:
     which = image.WhichOneof("source")
     if which == "encoded":
         return decode_encoded(image.encoded, max_image_bytes)
