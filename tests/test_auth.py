@@ -45,6 +45,12 @@ def test_generated_tokens_are_long_and_distinct() -> None:
     assert all(len(t) >= 40 and auth.validate_token(t) == t for t in tokens)
 
 
+def test_generated_tokens_can_follow_a_command_line_flag() -> None:
+    # One URL-safe token in 64 starts with "-", which argparse reads as an option after --token
+    # (a CI run failed on it): 5,000 draws would hold about 78 of them.
+    assert not any(auth.generate_token(24).startswith("-") for _ in range(5000))
+
+
 @pytest.mark.parametrize("token", ["short", "has a space in it, long enough", "naïve-but-long-enough-token"])
 def test_unusable_launcher_tokens_are_refused(token: str) -> None:
     with pytest.raises(InvalidArgument):

@@ -19,6 +19,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from sidecar.client import SidecarClient
+from sidecar.service.auth import generate_token
 
 
 @dataclass
@@ -99,7 +100,7 @@ def start_daemon(
     cmd = [*program, "serve", "--port", "0", "--log-format", "json", *args]
     env = {**os.environ, **(env or {})}
     if token == "auto":
-        token = secrets.token_urlsafe(24)
+        token = generate_token(24)
     if token is not None:
         env["XLM_SIDECAR_TOKEN"] = token
     else:

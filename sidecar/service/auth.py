@@ -31,9 +31,13 @@ MIN_TOKEN_LENGTH = 16
 _TOKEN_PATTERN = re.compile(r"[!-~]+")
 
 
-def generate_token() -> str:
-    """A fresh random token (256 bits, URL-safe text)."""
-    return secrets.token_urlsafe(32)
+def generate_token(nbytes: int = 32) -> str:
+    """A fresh random token (256 bits, URL-safe text). Never with a leading "-": pasted after
+    `--token`, argparse would take it for an option (1 token in 64 did, a test's CLI call too)."""
+    while True:
+        token = secrets.token_urlsafe(nbytes)
+        if not token.startswith("-"):
+            return token
 
 
 def validate_token(token: str, name: str = TOKEN_ENV) -> str:
