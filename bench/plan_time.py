@@ -18,7 +18,7 @@ from sidecar.budget import Budget  # noqa: E402
 from sidecar.planner import plan  # noqa: E402
 from sidecar.planner.hardware_model import GIB, MIB  # noqa: E402
 from sidecar.planner.search import PlanMemo  # noqa: E402
-from test_planner import HARDWARE, model  # noqa: E402  (the HF configs the planner tests use)
+from support.hf_models import HARDWARE, model  # noqa: E402  (the HF configs the planner tests use)
 
 CASES = (("qwen3_30b_a3b", "desktop"), ("qwen3_30b_a3b", "laptop"), ("llama_8b", "desktop"))
 BUDGETS = (1 * GIB, 512 * MIB, 2 * GIB, 3 * GIB, 4 * GIB, 8 * GIB)

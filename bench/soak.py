@@ -49,7 +49,7 @@ RSS_LIMIT = 0.05
 SEED = 1234
 
 
-# -- checks (pure: unit-tested in tests/test_bench_tools.py) -------------------------------------------
+# -- checks (pure: unit-tested in tests/tools/test_bench_tools.py) -------------------------------------------
 
 
 def expected_tokens(reference: list[int], max_tokens: int) -> list[int]:

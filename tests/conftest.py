@@ -1,8 +1,8 @@
 """Shared fixtures: a real daemon process on a free port, serving the real default model.
 
-Test files import helpers from here as `from conftest import ...` (pytest puts tests/ on sys.path),
-never `from tests.conftest`: that second name would load this file again as another module, with
-its own copies of everything (test_import_graph.py checks).
+Fixtures only: test files import helpers from tests/support/ (`from support.daemons import ...`;
+pytest puts tests/ on sys.path for this file), never from conftest, nor `from tests.`: a second
+name would load a module again with its own copies of everything (unit/test_import_graph.py checks).
 """
 
 from __future__ import annotations
@@ -16,14 +16,10 @@ from pathlib import Path
 import pytest
 
 from sidecar.client import SidecarClient
-# The launcher lives in the package so bench/ shares it; ~40 test files import it from here.
-from sidecar.lifecycle.daemon_process import RunningDaemon, stop_daemon  # noqa: F401
-from sidecar.lifecycle.daemon_process import start_daemon as _start_daemon
 from sidecar.model_info.default_model import default_model_path
-from run_summary import pytest_terminal_summary  # noqa: F401 (a hook: the run ends with what it skipped)
-from tiers import mark_fast
-
-REPO = Path(__file__).resolve().parent.parent
+from support.daemons import RunningDaemon, require_rpc, start_daemon, stop_daemon
+from support.run_summary import pytest_terminal_summary  # noqa: F401 (a hook: the run ends with what it skipped)
+from support.tiers import mark_fast
 
 # Hermetic: the whole run, and every daemon it starts (they inherit the environment), keeps its
 # cache (machine profiles, profiler probes) in a folder of its own, made here before any test or
@@ -35,23 +31,6 @@ os.environ["XDG_CACHE_HOME"] = _CACHE
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     shutil.rmtree(_CACHE, ignore_errors=True)
-
-
-def start_daemon(*args: str, **kwargs) -> RunningDaemon:
-    """sidecar.lifecycle.daemon_process.start_daemon, with `--profile off` unless the test names a profile
-    (`--profile auto`, a file) or a machine (`--hardware`): the planner's defaults, the same on
-    every machine, and no profiler measuring in the background beside the test. A test about
-    profiles passes `--profile auto` (with its own XDG_CACHE_HOME)."""
-    if not any(a in ("--profile", "--hardware") or a.startswith(("--profile=", "--hardware=")) for a in args):
-        args = (*args, "--profile", "off")
-    return _start_daemon(*args, **kwargs)
-
-
-def wait_for_event(daemon: RunningDaemon, wanted: str, timeout_s: float) -> list[dict]:
-    """Wait for a log line whose event is `wanted`; returns every line so far. Waits on what the
-    daemon says it did instead of sleeping a fixed time after a signal."""
-    daemon.wait_for_event(wanted, timeout_s)
-    return daemon.log_lines
 
 
 @pytest.fixture(scope="session")
@@ -92,28 +71,16 @@ def client(daemon: RunningDaemon) -> Iterator[SidecarClient]:
 def eog(daemon: RunningDaemon) -> tuple[int, ...]:
     """The session daemon's end-of-generation token ids, to ban where a test needs a reply to run
     its whole length (no_early_stop.py)."""
-    from no_early_stop import grpc_eog_ids
+    from support.no_early_stop import grpc_eog_ids
 
     with daemon.client(timeout_s=120) as c:
         return grpc_eog_ids(c)
 
 
-def require_rpc() -> None:
-    """Skip (or fail, under XLM_REQUIRE_GPU_DEVICE=1, as in CI) without ggml's RPC backend."""
-    from sidecar.native.ggml_rpc import rpc_available
-
-    if rpc_available():
-        return
-    reason = "llama-cpp-python has no RPC backend: run ./scripts/setup (it builds one) to run the GPU-device tests"
-    if os.environ.get("XLM_REQUIRE_GPU_DEVICE") == "1":
-        pytest.fail(reason)
-    pytest.skip(reason)
-
-
 @pytest.fixture(scope="session")
 def rpc_device() -> Iterator[str]:
     """A GPU-type ggml device (RPC0) registered in this test process, served from a second process
-    (sidecar.native.ggml_rpc; see tests/gpu/device_helpers.py). One per test process: a client keeps its
+    (sidecar.native.ggml_rpc; see tests/support/device_helpers.py). One per test process: a client keeps its
     connection for its whole life, and a server serves one client at a time."""
     from sidecar.native.ggml_rpc import RpcServerProcess, add_rpc_server
 

@@ -8,7 +8,7 @@ only because every sequence is busy, the engine may grow the KV (kv_resizing.py)
 
 Admission holds no llama.cpp object: what it does to a sequence's cells (saving an evicted
 session's KV to host memory) goes through the `KvCells` it is handed, and starting a request in a
-sequence is the engine's `start`. Its tests run it with a fake of both (tests/test_admission.py).
+sequence is the engine's `start`. Its tests run it with a fake of both (tests/unit/test_admission.py).
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ text is exactly what plain constrained decoding produces there (it is forced), b
 can differ from the ones the model would have picked one at a time (the tokenizer's canonical
 split instead of the model's), and so can what the model writes next, conditioned on them: the
 values it chooses are its own, and valid under the grammar either way. So under greedy sampling
-tests/test_jump_forward.py compares the keys and structure with plain constrained decoding, not
+tests/engine/test_jump_forward.py compares the keys and structure with plain constrained decoding, not
 the values (they may differ: a name or a number the model writes after a
 differently split key).
 """

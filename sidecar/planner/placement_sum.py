@@ -13,7 +13,7 @@ trip of two device switches when that is not where the unit runs); a switch at e
 device between units that multiply rows (the embedding lookup starts on the CPU); one layer
 overhead per layer, on the device of its attention unit; and the copies: a streamed unit's weights
 cross PCIe during the previous split, hidden by the executor's overlap. Only the order of the
-additions differs, so figures agree to rounding (tests/test_placement_sum.py checks them against
+additions differs, so figures agree to rounding (tests/unit/test_placement_sum.py checks them against
 the loop on random placements).
 
 Pure: arrays in, a PassCost out; the masks' memo is keyed by the placement alone.

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, RunningDaemon, start_daemon, stop_daemon
+from support.daemons import REPO, RunningDaemon, start_daemon, stop_daemon
 
 GODOT_PROJECT = REPO / "clients" / "godot"
 TEST_SCENE = "res://tests/protocol_test.tscn"

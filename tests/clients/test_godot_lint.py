@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from support.daemons import REPO
 
 GODOT_CLIENT = REPO / "clients" / "godot"
 GD_FILES = sorted(GODOT_CLIENT.rglob("*.gd"))

@@ -22,9 +22,9 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
-from conftest import REPO, RunningDaemon, start_daemon, stop_daemon
-from godot_token_checks import by_candidate, check_token_controls, resolve
-from no_early_stop import grpc_eog_ids, http_bias
+from support.daemons import REPO, RunningDaemon, start_daemon, stop_daemon
+from support.godot_token_checks import by_candidate, check_token_controls, resolve
+from support.no_early_stop import grpc_eog_ids, http_bias
 from sidecar.api import pb
 from sidecar.errors import InvalidArgument
 from sidecar.service import json_frames, tool_calls, websocket_bridge

@@ -30,7 +30,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import REPO, RunningDaemon, start_daemon, stop_daemon
+from support.daemons import REPO, RunningDaemon, start_daemon, stop_daemon
 
 UNITY = REPO / "clients" / "unity"
 CSHARP_TESTS = REPO / "tests" / "clients" / "unity"

@@ -14,10 +14,11 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from conftest import RunningDaemon, start_daemon, stop_daemon
-from device_helpers import DEVICE_HARDWARE, MIB, require_rpc
-from greedy_agreement import CpuReference, assert_greedy_agrees
-from no_early_stop import grpc_eog_ids, grpc_sampling
+from support.daemons import RunningDaemon, start_daemon, stop_daemon
+from support.daemons import require_rpc
+from support.device_helpers import DEVICE_HARDWARE, MIB
+from support.greedy_agreement import CpuReference, assert_greedy_agrees
+from support.no_early_stop import grpc_eog_ids, grpc_sampling
 
 from sidecar.api import pb
 

@@ -19,9 +19,9 @@ from sidecar.budget import Budget
 from sidecar.local.executor import load_plan_inputs
 from sidecar.settings import Settings
 
-from device_helpers import DEVICE_HARDWARE, MIB, greedy_reply, load_within, measured_placement
-from greedy_agreement import CpuReference, assert_greedy_agrees
-from no_early_stop import engine_eog_ids
+from support.device_helpers import DEVICE_HARDWARE, MIB, greedy_reply, load_within, measured_placement
+from support.greedy_agreement import CpuReference, assert_greedy_agrees
+from support.no_early_stop import engine_eog_ids
 
 # From nothing on the device to everything on it; SmolLM2 is 98 MB of weights.
 BUDGETS = (0, 24 * MIB, 48 * MIB, 96 * MIB, 4096 * MIB)

@@ -18,9 +18,10 @@ from pathlib import Path
 import numpy as np
 import psutil
 import pytest
-from conftest import RunningDaemon, start_daemon, stop_daemon
-from device_helpers import DEVICE_HARDWARE, MIB, require_rpc
-from no_early_stop import grpc_eog_ids, grpc_sampling
+from support.daemons import RunningDaemon, start_daemon, stop_daemon
+from support.daemons import require_rpc
+from support.device_helpers import DEVICE_HARDWARE, MIB
+from support.no_early_stop import grpc_eog_ids, grpc_sampling
 from PIL import Image
 
 from sidecar.api import pb

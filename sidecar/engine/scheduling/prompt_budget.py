@@ -41,7 +41,7 @@ MIN_SLICE = 16
 FIRST_SLICE = 32
 # A prompt this short goes whole even beside replies: a new turn, a recalled memory, a villager's
 # persona and line. Sliced, a crowd's short prompts took so many passes that the first NPCs'
-# 8-token replies ended before the last NPC's first token (tests/test_crowd.py); whole, one costs
+# 8-token replies ended before the last NPC's first token (tests/engine/test_crowd.py); whole, one costs
 # the streams at most ~0.4 s once on a slow 2-core CPU. The budget is for what would stall them
 # for seconds, pass after pass.
 WHOLE_PROMPT_TOKENS = 128

@@ -183,7 +183,7 @@ namespace Xlm.Sidecar.Tests
     /// any reply at any token, and where differs by CPU (kernels round otherwise) and by seed, so a
     /// test that needs the whole length (a count, FinishReason.Length, a stream still running when it
     /// is cancelled) bans the model's end-of-generation tokens. The ids are the served model's own,
-    /// found the way tests/no_early_stop.py finds them: the end texts that tokenize, control tokens
+    /// found the way tests/support/no_early_stop.py finds them: the end texts that tokenize, control tokens
     /// parsed, to a single token.
     /// </summary>
     public static class NoEarlyEnd

@@ -7,7 +7,7 @@ namespace Xlm.Sidecar.Tests
     /// Save games through NpcConversation: SaveAsync with and without the KV cache, the session ended
     /// (as a daemon restart leaves it), LoadAsync from bytes and from base64, and a damaged save
     /// refused with nothing changed. pytest's own tests restart the daemon in between
-    /// (tests/test_session_saves.py); here the daemon is shared.
+    /// (tests/transports/test_session_saves.py); here the daemon is shared.
     /// </summary>
     public static class SaveTests
     {
