@@ -85,7 +85,7 @@ import pytest
 
 from support.daemons import RunningDaemon
 from support.llama_server_support import BOOK, CODING, GREEDY, LIMIT, MEANING, joined, refused, sse
-from support.llama_server_support import api, base, client, model, no_eog, raw, vocab  # noqa: F401 (fixtures)
+from support.llama_server_support import api, model, no_eog, vocab  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.slow
 # The words llama.cpp's test_logit_bias bans, each as a token with its leading space.

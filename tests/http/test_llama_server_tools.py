@@ -10,7 +10,7 @@ import openai
 import pytest
 
 from support.llama_server_support import CODING, GREEDY, LIMIT
-from support.llama_server_support import api, base, client, raw  # noqa: F401 (fixtures)
+from support.llama_server_support import api  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.slow
 TEST_TOOL = {"type": "function", "function": {"name": "test", "description": "", "parameters": {

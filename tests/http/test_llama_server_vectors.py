@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from support.llama_server_support import MEANING, Vocab, refused
-from support.llama_server_support import api, base, client, raw, vocab  # noqa: F401 (fixtures)
+from support.llama_server_support import api, vocab  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.slow
 

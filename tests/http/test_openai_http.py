@@ -17,7 +17,6 @@ import pytest
 
 from support.daemons import RunningDaemon, start_daemon, stop_daemon
 from support.no_early_stop import http_bias, http_eog_ids
-from support.openai_http_support import http_base
 
 pytestmark = pytest.mark.slow
 GREEDY = {"temperature": 0.0}
@@ -29,17 +28,6 @@ def api() -> Iterator[RunningDaemon]:
     running = start_daemon("--no-websocket", "--stream-interval-ms", "0")
     yield running
     stop_daemon(running)
-
-
-@pytest.fixture(scope="module")
-def base(api: RunningDaemon) -> str:
-    return http_base(api)
-
-
-@pytest.fixture(scope="module")
-def client(api: RunningDaemon, base: str) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(base_url=base + "/v1", api_key=api.token, max_retries=0, timeout=120) as c:
-        yield c
 
 
 @pytest.fixture(scope="module")

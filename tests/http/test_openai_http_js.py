@@ -13,7 +13,6 @@ import shutil
 import subprocess
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 

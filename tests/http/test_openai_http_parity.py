@@ -23,7 +23,6 @@ from starlette.testclient import TestClient
 
 from support.daemons import RunningDaemon, start_daemon, stop_daemon
 from support.no_early_stop import http_bias, http_eog_ids
-from support.openai_http_support import http_base
 from sidecar.api import pb
 from sidecar.service import tool_calls
 from sidecar.service.auth import Authenticator
@@ -55,17 +54,6 @@ def api() -> Iterator[RunningDaemon]:
                            "--max-prompt-tokens", str(PROMPT_LIMIT), "--cors-origin", ORIGIN)
     yield running
     stop_daemon(running)
-
-
-@pytest.fixture(scope="module")
-def base(api: RunningDaemon) -> str:
-    return http_base(api)
-
-
-@pytest.fixture(scope="module")
-def client(api: RunningDaemon, base: str) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(base_url=base + "/v1", api_key=api.token, max_retries=0, timeout=120) as c:
-        yield c
 
 
 @pytest.fixture(scope="module")

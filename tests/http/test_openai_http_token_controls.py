@@ -16,7 +16,6 @@ import pytest
 
 from support.daemons import RunningDaemon, start_daemon, stop_daemon
 from support.no_early_stop import http_bias, http_eog_ids
-from support.openai_http_support import http_base
 
 GREEDY = {"temperature": 0.0}
 PERSONA = ("You are Brann, the blacksmith of Oakvale. You speak in short, gruff sentences, you love your forge, "
@@ -32,25 +31,9 @@ def api() -> Iterator[RunningDaemon]:
 
 
 @pytest.fixture(scope="module")
-def base(api: RunningDaemon) -> str:
-    return http_base(api)
-
-
-@pytest.fixture(scope="module")
-def client(api: RunningDaemon, base: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{base}/v1", api_key=api.token, max_retries=0, timeout=120)
-
-
-@pytest.fixture(scope="module")
 def no_end(api: RunningDaemon, base: str) -> dict[str, float]:
     """logit_bias banning the end-of-generation tokens: a reply with tokens to check, surely."""
     return http_bias(http_eog_ids(base, api.token))
-
-
-@pytest.fixture(scope="module")
-def raw(api: RunningDaemon, base: str) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {api.token}"}, timeout=120) as c:
-        yield c
 
 
 def test_n_candidates_come_as_choices_from_one_prefill(client: openai.OpenAI, api: RunningDaemon) -> None:

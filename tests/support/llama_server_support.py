@@ -1,8 +1,8 @@
 """Shared by the llama.cpp server scenarios (test_llama_server_*.py; the port and what it leaves
 out are listed in test_llama_server_scenarios.py): the daemon started as llama.cpp's tests start
-llama-server, their requests on the bare URL, the openai client, and llama.cpp's own tokenizer on the
-served file as the reference. Each module that imports the fixtures gets its own daemon (they are
-module-scoped)."""
+llama-server, and llama.cpp's own tokenizer on the served file as the reference. Their requests on
+the bare URL and the openai client are tests/http/conftest.py's, on this daemon. Each module that
+imports the fixtures gets its own daemon (they are module-scoped)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ import openai
 import pytest
 
 from support.daemons import RunningDaemon, start_daemon, stop_daemon
-from support.openai_http_support import http_base
 
 LIMIT = 256  # the daemon's --max-tokens-per-request
 GREEDY = {"temperature": 0.0}
@@ -27,30 +26,11 @@ CODING = [{"role": "system", "content": "You are a coding assistant."}, {"role":
 MEANING = "I believe the meaning of life is"
 
 
-
 @pytest.fixture(scope="module")
 def api() -> Iterator[RunningDaemon]:
     running = start_daemon("--no-websocket", "--stream-interval-ms", "0", "--max-tokens-per-request", str(LIMIT))
     yield running
     stop_daemon(running)
-
-
-@pytest.fixture(scope="module")
-def base(api: RunningDaemon) -> str:
-    return http_base(api)
-
-
-@pytest.fixture(scope="module")
-def raw(api: RunningDaemon, base: str) -> Iterator[httpx.Client]:
-    """llama.cpp's tests' own requests (server.make_request), with the token, on the bare URL."""
-    with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {api.token}"}, timeout=120) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def client(api: RunningDaemon, base: str) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(base_url=f"{base}/v1", api_key=api.token, max_retries=0, timeout=120) as c:
-        yield c
 
 
 @pytest.fixture(scope="module")
