@@ -494,7 +494,8 @@ class Engine:
             end = min(end, a.share_at)  # others wait for exactly this prefix (prefix_sharing.py)
         # Text before an image (or a shared prefix) goes first; the pass then ends there, so no
         # logits are asked for (the plan samples only where a prompt ends).
-        return SequenceDemand(slot.seq, tuple(a.prompt_tokens[a.fed : end]), len(slot.cached), False, end == len(a.prompt_tokens))
+        return SequenceDemand(slot.seq, tuple(a.prompt_tokens[a.fed : end]), len(slot.cached), False,
+                              end == len(a.prompt_tokens), a.text_to_prefill)
 
     def _feed_image(self, slot: Slot) -> None:
         """Decode an image's embeddings into the sequence: a pass of its own (a batch carries

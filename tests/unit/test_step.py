@@ -70,3 +70,15 @@ def test_beside_a_reply_a_short_prompt_goes_whole_and_a_long_one_waits_its_budge
     # The long prompt's budget spent, short prompts after it still go.
     spent = plan_step(demands, n_batch=512, prompt_beside_replies=0, whole_below=64)
     assert dict(spent.fed) == {1: 1, 2: 40, 3: 50}
+
+
+def test_a_long_prompt_stays_sliced_to_its_end() -> None:
+    # The last 100 tokens of a 3,000-token prompt: under whole_below, but the prompt is long, and
+    # those 100 tokens deep in its context would hold every stream for one long pass.
+    tail = SequenceDemand(0, tuple(range(100)), 2900, False, prefill_tokens=3000)
+    reply = SequenceDemand(1, (7,), 42, True)
+    plan = plan_step([reply, tail], n_batch=512, prompt_beside_replies=20, whole_below=128)
+    assert dict(plan.fed) == {1: 1, 0: 20}
+    # A prompt that was short from the start still goes whole.
+    short = SequenceDemand(0, tuple(range(100)), 50, False, prefill_tokens=100)
+    assert dict(plan_step([reply, short], n_batch=512, prompt_beside_replies=20, whole_below=128).fed) == {1: 1, 0: 100}

@@ -59,6 +59,13 @@ class ActiveRequest:
     def decoding(self) -> bool:
         return bool(self.next_tokens)
 
+    @property
+    def text_to_prefill(self) -> int:
+        """The prompt's tokens its sequence did not hold at the start, images aside (they go in
+        passes of their own): whether it is short enough to go whole beside the streams (step.py)."""
+        images: int = sum(im.n_tokens for at, im in self.image_spans.items() if at >= self.cached_tokens)
+        return len(self.prompt_tokens) - self.cached_tokens - images
+
 
 @dataclass
 class Slot:

@@ -21,6 +21,10 @@ class SequenceDemand:
     decoding: bool
     # False when the prompt goes on past these tokens (an image follows): no logits at their end.
     ends_prompt: bool = True
+    # The prompt tokens this request prefills in all (those its sequence did not hold at the start),
+    # of which `tokens` is what is left: whether a prompt is short enough to go whole is a property
+    # of the prompt, not of its remainder.
+    prefill_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -43,7 +47,9 @@ def plan_step(demands: list[SequenceDemand], n_batch: int, prompt_beside_replies
     waiting mid-sentence notices a stall more than a slower start), then prompt chunks in the
     order given, the last one cut to fit. When the pass carries a reply's token, the prompts of
     more than `whole_below` tokens share `prompt_beside_replies` tokens between them, and shorter
-    ones go whole (prompt_budget.py). A prompt chunk asks for logits only when it ends the prompt,
+    ones go whole (prompt_budget.py). A long prompt stays long to its last slice: its last
+    `whole_below` tokens at once, thousands of tokens deep, cost the streams one pass of ~6 (800-960
+    ms where they were 140 ms: bench/run.py prompt-gap, 2-core EPYC). A prompt chunk asks for logits only when it ends the prompt,
     since only then is there a next token to sample.
 
     The entries go out ordered by sequence id. Without a unified KV cache llama.cpp puts into one
@@ -69,7 +75,7 @@ def plan_step(demands: list[SequenceDemand], n_batch: int, prompt_beside_replies
     for d in (d for d in demands if not d.decoding):
         if used >= n_batch:
             break
-        long = sliced and len(d.tokens) > whole_below
+        long = sliced and max(len(d.tokens), d.prefill_tokens) > whole_below
         take = min(n_batch - used, len(d.tokens), long_room if long else n_batch)
         if take <= 0:
             continue  # a long prompt past the budget: a short one after it may still go
