@@ -24,12 +24,10 @@ from sidecar.planner.overrides import resolve
 from sidecar.planner.schedule import DECODE, GPU0, PREFILL
 from sidecar.planner.search import PlanMemo, thread_options
 from sidecar.testmodels import ensure_test_models
-from support import hf_models
+from support.hf_models import HARDWARE, model
 
 GIB = 1 << 30
 MIB = 1 << 20
-HARDWARE, model = hf_models.HARDWARE, hf_models.model
-
 
 _machines: dict = {}
 _memos: dict = {}
