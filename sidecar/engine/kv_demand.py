@@ -5,7 +5,7 @@ Each sequence's KV stream is allocated and cleared (so resident) whole when the 
 16 sequences of 4096 cells held 1.5 GB of a player's RAM for a 98 MB model before any NPC spoke
 (issue 27). So the engine starts with a few (EngineConfig.n_seq_start), grows to as many as the
 conversations running and waiting at once want, up to n_seq, in one step, and shrinks back once
-none has run for SHRINK_IDLE_S.
+none has run for SHRINK_IDLE_S (the rules, pure, are scheduling/kv_sizing.py's).
 
 Growing makes a new context on the same model (the weights stay) in a thread beside the loop,
 then moves every cached sequence into it between two passes: the streams running meanwhile go on,
@@ -31,6 +31,7 @@ import structlog
 from sidecar.backend.engine_config import EngineConfig
 from sidecar.backend.sessions import SessionStore
 from sidecar.engine.loading import context_for
+from sidecar.engine.scheduling import kv_sizing
 from sidecar.engine.scheduling.slot import Slot
 from sidecar.engine.scheduling.slot_choice import evict
 from sidecar.errors import SidecarError
@@ -38,28 +39,6 @@ from sidecar.native.context import NativeContext
 from sidecar.native.model import NativeModel
 
 log = structlog.get_logger("engine")
-
-# Quiet this long (nothing running or waiting) and the sequences beyond the start are given back.
-SHRINK_IDLE_S = 30.0
-
-
-def grown_count(allocated: int, ceiling: int, busy: int, waiting: int) -> int | None:
-    """Sequences to grow to when every allocated one is busy and requests wait: enough for all of
-    them at once, rounded up to a power of two (a crowd arriving in waves resizes once or twice,
-    not once per NPC), at most `ceiling`. None: no growth."""
-    if waiting <= 0 or busy < allocated or allocated >= ceiling:
-        return None
-    want = busy + waiting
-    n = allocated
-    while n < want:
-        n *= 2
-    return min(n, ceiling)
-
-
-def shrunk_count(allocated: int, start: int, quiet_s: float) -> int | None:
-    """Sequences to shrink to after `quiet_s` with nothing running; None: stay."""
-    return start if allocated > start and quiet_s >= SHRINK_IDLE_S else None
-
 
 class SequencePool:
     """The engine's allocated sequences: how many, and since when nothing ran."""
@@ -112,6 +91,12 @@ class SequencePool:
     def growing(self) -> bool:
         return self._growing is not None
 
+    def state(self, grow_beside: bool) -> kv_sizing.PoolState:
+        """What the sizing decisions (kv_sizing.py) read of the pool."""
+        return kv_sizing.PoolState(
+            allocated=self.allocated, ceiling=self.ceiling, start=self.start, growing=self.growing,
+            grown_ready=self._growing is not None and not self._growing[1].is_alive(), grow_beside=grow_beside)
+
     def settle(self) -> None:
         """Before the model is freed (a reload, close): wait for a context being made on it, and
         free it unused."""
@@ -141,14 +126,7 @@ class SequencePool:
             return 0.05  # over a lowered RAM budget: give back what is idle without delay
         if self.allocated <= self.start:
             return None
-        return max(SHRINK_IDLE_S - (time.monotonic() - self.quiet_since), 0.05)
-
-
-def ceiling_count(slots: list[Slot], ceiling: int) -> int | None:
-    """Sequences to shrink to when more are allocated than the ceiling: down to it, or to just
-    above the highest busy sequence (its reply goes on where it is); None: nothing to give back."""
-    n = max(ceiling, max((s.seq + 1 for s in slots if s.busy), default=0))
-    return n if n < len(slots) else None
+        return max(kv_sizing.SHRINK_IDLE_S - (time.monotonic() - self.quiet_since), 0.05)
 
 
 def park_beyond(slots: list[Slot], ceiling: int, ctx: NativeContext, sessions: SessionStore) -> None:

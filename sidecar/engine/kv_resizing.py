@@ -1,6 +1,7 @@
 """Growing and shrinking the engine's KV cache with the crowd, on the engine thread.
 
-The decisions (how many sequences, when) are kv_demand.py's; these functions apply them to the
+What to do is decided as data (scheduling/kv_sizing.py: the pool's state and the crowd in, an
+operation out); these functions ask at the loop's three points and perform the answer on the
 engine's context and slots: more sequences when requests wait only because every one is busy,
 fewer after a quiet spell, and none past a RAM budget's ceiling. They take the engine whole, since
 a resize replaces its context and its slots together.
@@ -13,9 +14,9 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from sidecar.engine.kv_demand import ceiling_count, grown_count, park_beyond, resize, shrunk_count, swap_in
+from sidecar.engine.kv_demand import park_beyond, resize, swap_in
 from sidecar.engine.memory_trim import release_freed_memory
-from sidecar.native.context import NativeContext
+from sidecar.engine.scheduling.kv_sizing import GrowBeside, KvSizing, ParkBeyond, Resize, SwapInGrown, after_admission, to_ceiling, when_quiet
 
 if TYPE_CHECKING:  # the engine imports this module
     from sidecar.engine.engine import Engine
@@ -27,55 +28,50 @@ def grow_for(engine: Engine, blocked: int) -> bool:
     """More sequences when `blocked` requests wait only because every one is busy: a bigger
     context made beside the loop and swapped in once ready, or a resize in place. True when
     new sequences are free now."""
-    pool = engine.pool
-    grown = pool.grown_context()
-    if grown is not None:
-        _swap_in(engine, grown)
-        return True
-    grow = grown_count(pool.allocated, engine.config.n_seq, sum(s.busy for s in engine.slots), blocked)
-    if grow is not None and engine.config.grow_beside:
-        pool.begin_growth(engine.model, engine.config, grow, engine.wake)
-    elif grow is not None:
-        _resize(engine, grow)
-        return True
-    return False
+    busy = sum(s.busy for s in engine.slots)
+    operation = after_admission(engine.pool.state(engine.config.grow_beside), busy, blocked)
+    return operation is not None and perform(engine, operation)
 
 
 def shrink_when_quiet(engine: Engine) -> None:
     pool = engine.pool
-    if pool.growing:
-        return
-    n = shrunk_count(pool.allocated, pool.start, time.monotonic() - pool.quiet_since)
-    if n is not None:
-        _resize(engine, n)
+    operation = when_quiet(pool.state(engine.config.grow_beside), time.monotonic() - pool.quiet_since)
+    if operation is not None:
+        perform(engine, operation)
 
 
 def shrink_to_ceiling(engine: Engine) -> None:
     """A RAM budget lowered below the sequences allocated: those beyond the new ceiling go as
-    soon as no reply streams in them (kv_demand.py); the busy ones first finish where they are."""
-    pool = engine.pool
-    if pool.allocated <= pool.ceiling:
-        return
-    park_beyond(engine.slots, pool.ceiling, engine.ctx, engine.sessions)
-    n = ceiling_count(engine.slots, pool.ceiling)
-    if n is not None:
-        _resize(engine, n)
+    soon as no reply streams in them; the busy ones first finish where they are."""
+    for operation in to_ceiling(engine.pool.state(engine.config.grow_beside), engine.slots):
+        perform(engine, operation)
 
 
-def _swap_in(engine: Engine, grown: NativeContext) -> None:
+def perform(engine: Engine, operation: KvSizing) -> bool:
+    """Do what kv_sizing decided; True when the engine has new free sequences now."""
+    if isinstance(operation, SwapInGrown):
+        grown = engine.pool.grown_context()
+        if grown is None:  # it could not be made (logged): the crowd waits for sequences to free
+            return False
+        t0 = time.perf_counter()
+        before = engine.pool.allocated
+        engine.slots = swap_in(engine.ctx, grown, engine.slots)
+        engine.ctx = grown
+        _record_resize(engine, before, t0)
+        return True
+    if isinstance(operation, GrowBeside):
+        engine.pool.begin_growth(engine.model, engine.config, operation.sequences, engine.wake)
+        return False
+    if isinstance(operation, ParkBeyond):
+        park_beyond(engine.slots, operation.ceiling, engine.ctx, engine.sessions)
+        return False
+    assert isinstance(operation, Resize)
     t0 = time.perf_counter()
     before = engine.pool.allocated
-    engine.slots = swap_in(engine.ctx, grown, engine.slots)
-    engine.ctx = grown
+    engine.ctx, engine.slots = resize(engine.ctx, engine.model, engine.config, engine.slots, engine.sessions,
+                                      operation.sequences)
     _record_resize(engine, before, t0)
-
-
-def _resize(engine: Engine, n: int) -> None:
-    """Allocate `n` sequences in place of today's (kv_demand.py); every stream pauses for it."""
-    t0 = time.perf_counter()
-    before = engine.pool.allocated
-    engine.ctx, engine.slots = resize(engine.ctx, engine.model, engine.config, engine.slots, engine.sessions, n)
-    _record_resize(engine, before, t0)
+    return engine.pool.allocated > before
 
 
 def _record_resize(engine: Engine, before: int, t0: float) -> None:

@@ -82,6 +82,9 @@ def _reload(engine: Engine, request: ReloadRequest) -> None:
         try:
             engine.model, engine.ctx = load_model_and_context(request.config, engine.pool.allocated)
             engine.config = request.config
+            # The KV's ceiling follows the new configuration here too: growth read config.n_seq
+            # and a lowered budget's shrink read the pool's, which only the in-place path moved.
+            engine.pool.take_ceiling(request.config)
             engine.load_report = parse_load_log(engine.model.load_log + engine.ctx.load_log)
             engine.model_generation += 1  # prompts built with the old tokenizer are built again
         except SidecarError as e:

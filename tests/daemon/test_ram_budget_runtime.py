@@ -27,7 +27,7 @@ from sidecar.api import pb
 from sidecar.backend.engine_config import EngineConfig
 from sidecar.budget import Budget
 from sidecar.local.crowd import PROCESS_BYTES, SAVED_SESSIONS_SHARE
-from sidecar.engine.kv_demand import ceiling_count
+from sidecar.engine.scheduling.kv_sizing import ceiling_count
 from sidecar.engine.scheduling.slot import Slot
 from sidecar.errors import Unimplemented
 from sidecar.local.executor import gpu_free_bytes

@@ -13,7 +13,8 @@ import pytest
 from sidecar.backend.requests import Finished, TextDelta
 from sidecar.engine import Engine, EngineConfig, GenerationSpec, Prompt, SamplingConfig
 from sidecar.engine import kv_demand
-from sidecar.engine.kv_demand import grown_count, shrunk_count
+from sidecar.engine.scheduling import kv_sizing
+from sidecar.engine.scheduling.kv_sizing import grown_count, shrunk_count
 from support.no_early_stop import engine_bias, engine_eog_ids
 
 GREEDY = SamplingConfig(temperature=0.0, repeat_penalty=1.0)
@@ -29,8 +30,8 @@ def test_growth_covers_the_crowd_in_one_step_within_the_ceiling() -> None:
 
 
 def test_shrink_only_after_quiet() -> None:
-    assert shrunk_count(8, 2, kv_demand.SHRINK_IDLE_S) == 2
-    assert shrunk_count(8, 2, kv_demand.SHRINK_IDLE_S - 1) is None
+    assert shrunk_count(8, 2, kv_sizing.SHRINK_IDLE_S) == 2
+    assert shrunk_count(8, 2, kv_sizing.SHRINK_IDLE_S - 1) is None
     assert shrunk_count(2, 2, 1e9) is None
 
 
@@ -69,7 +70,7 @@ def finished(pending) -> list[tuple[list[TextDelta], Finished]]:
 
 
 def test_the_engine_grows_for_a_crowd_and_shrinks_when_it_goes_quiet(smollm2_path, monkeypatch) -> None:
-    monkeypatch.setattr(kv_demand, "SHRINK_IDLE_S", 1.0)
+    monkeypatch.setattr(kv_sizing, "SHRINK_IDLE_S", 1.0)
     engine = Engine(EngineConfig(model_path=smollm2_path, n_ctx=512, n_seq=8, n_seq_start=2, threads_decode=2,
                                  threads_prefill=2, max_sessions=16, adaptive_threads=False))
     try:
