@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shlex
 import statistics
 import threading
 import time
@@ -317,6 +318,9 @@ def _daemon_stream(client, question: str, max_tokens: int) -> common.Streamed:
 def batch_options(group) -> None:
     group.add_argument("--streams", type=lambda s: tuple(int(n) for n in s.split(",")), default=None,
                        help="concurrent stream counts, e.g. 1,4 (default 1,4,16,64)")
+    group.add_argument("--daemon-variant", default="", metavar="FLAGS",
+                       help="one more daemon side (gRPC) started with these extra flags, e.g. "
+                            "'--flash-attention on': a choice of the daemon's measured beside its default in the same rounds")
 
 
 def batch(args: argparse.Namespace) -> dict:
@@ -350,6 +354,12 @@ def batch(args: argparse.Namespace) -> dict:
         daemon_http = common.HttpPeer("daemon HTTP", daemon.process, listening["http_address"],
                                      headers={"Authorization": f"Bearer {daemon.token}"})
         senders[DAEMON_HTTP] = {n: _http_sender(daemon_http, http) for n in streams}
+        if args.daemon_variant:
+            variant = start_daemon("--model", str(model), "--parallel", str(max(streams)), "--ctx", str(BATCH_CTX),
+                                   *profile_flags(), *shlex.split(args.daemon_variant))
+            stack.callback(stop_daemon, variant)
+            variant_client = stack.enter_context(variant.client(timeout_s=600))
+            senders[f"daemon {args.daemon_variant}"] = {n: (lambda q, k: _daemon_stream(variant_client, q, k)) for n in streams}
         # One sequence, so concurrent requests queue (interrupt_requests off: see common.py).
         cpp_python = common.start_llama_cpp_python_server(model, threads, 2048)
         stack.callback(cpp_python.stop)
@@ -416,6 +426,11 @@ def batch(args: argparse.Namespace) -> dict:
         ratios |= {f"http_vs_llama_server_{n}": med(h[n]) / med(s[n]) for n in streams}
         print("daemon HTTP / llama-server: " + ", ".join(f"{n} streams {ratios[f'http_vs_llama_server_{n}']:.2f}x" for n in streams)
               + "   (target >= 1.0x, same client, same requests)")
+    if args.daemon_variant and "llama-server (slots = streams)" in table:
+        v, s = table[f"daemon {args.daemon_variant}"], table["llama-server (slots = streams)"]
+        ratios |= {f"variant_vs_llama_server_{n}": med(v[n]) / med(s[n]) for n in streams}
+        print(f"daemon {args.daemon_variant} / llama-server: "
+              + ", ".join(f"{n} streams {ratios[f'variant_vs_llama_server_{n}']:.2f}x" for n in streams))
     if "vs_llama_server_1" in ratios:
         print("daemon / llama-server: " + ", ".join(f"{n} streams {ratios[f'vs_llama_server_{n}']:.2f}x" for n in streams) + "   (target >= 1.0x)")
     return {

@@ -448,7 +448,8 @@ class Engine:
             # A bigger KV being made beside the loop (kv_demand.py) holds a core for a second or
             # so: passes slowed by the daemon's own work are no sign of a busy PC, and the cap
             # they lowered stayed lowered for hundreds of passes (a village's first wave 1.7x slower).
-            self._governor.record(self.config, plan.n_tokens, planned, used, elapsed * 1000.0)
+            reads = sum(e.pos for e in plan.entries)  # cached tokens the pass's attention reads
+            self._governor.record(self.config, plan.n_tokens, planned, used, elapsed * 1000.0, reads)
         self.pass_limiter.pause_after(elapsed)
         return elapsed
 

@@ -94,3 +94,56 @@ def test_without_a_plan_a_prefill_is_not_measured_against_the_decodes() -> None:
         assert used == planned, f"pass {i}: the cap dropped on passes that ran as fast as ever"
         hook.record(config, n, planned, used, ms)
     assert [pass_size(n) for n in (1, 3, 4, 5, 76, 512, 513)] == [1, 4, 4, 8, 128, 512, 1024]
+
+
+def _long_prompt_beside_streams(hook, config, busy_from: int | None = None) -> list[int]:
+    """Three streams' tokens and a slice of a 3,000-token prompt in every pass, deeper each time,
+    timed as measured on a 2-core EPYC (flash attention off): 20 ms for the streams' decode plus
+    a slice token's 2 ms near the start, growing by 3.3 ms per 1,000 tokens of depth. A slice is
+    16-27 tokens, as the prompt budget gives it. From pass `busy_from` on, one core is busy: two
+    threads take 3.3x as long. The threads each pass ran with."""
+    used_per_pass = []
+    for i in range(170):
+        slice_tokens = 16 + (i * 7) % 12
+        depth = 18.0 * i
+        quiet_ms = 20.0 + slice_tokens * (2.0 + 0.0033 * depth)
+        used = hook.threads(config, 2)
+        busy = busy_from is not None and i >= busy_from
+        ms = quiet_ms * ((3.3 if used == 2 else 1.6) if busy else (1.0 if used == 2 else 1.7))
+        hook.record(config, 3 + slice_tokens, 2, used, ms, reads=depth * slice_tokens + 3 * 40)
+        used_per_pass.append(used)
+    return used_per_pass
+
+
+@pytest.mark.parametrize("planned", [False, True], ids=["without a plan", "with a plan"])
+def test_passes_deep_into_a_long_prompt_are_not_taken_for_a_busy_cpu(planned: bool) -> None:
+    """A pass 3,000 tokens deep costs several times what the plan (priced from a prompt's start) or
+    the fastest pass of its size says: the governor probed one thread for 8 passes, three times
+    in one prompt, each pass 1.6-1.8x as long (the longest gaps the other NPCs saw)."""
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from sidecar.backend.engine_config import EngineConfig
+    from sidecar.engine.threads.thread_governor_hook import GovernedThreads
+
+    schedule = SimpleNamespace(tiers=(SimpleNamespace(max_tokens=4, predicted_ms_per_pass=22.0),
+                                      SimpleNamespace(max_tokens=32, predicted_ms_per_pass=78.0))) if planned else None
+    config = EngineConfig(model_path=Path("unused.gguf"), threads_decode=2, threads_prefill=2, schedule=schedule)
+    assert _long_prompt_beside_streams(GovernedThreads(), config) == [2] * 170
+    # The same passes with a core busy half-way through: still seen, and one thread kept.
+    used = _long_prompt_beside_streams(GovernedThreads(), config, busy_from=60)
+    assert used[:60] == [2] * 60 and used[-40:] == [1] * 40
+
+
+def test_the_cost_of_reading_the_cache_is_learned_from_quiet_deep_passes_and_busy_ones_do_not_raise_it() -> None:
+    from sidecar.engine.threads.thread_governor import DEPTH_SAMPLES, SHALLOW_DEPTH, DepthCost
+
+    cost = DepthCost()
+    assert cost.predicted_ms(50.0, 10 * (SHALLOW_DEPTH - 1), 10, 2, 2, 99.0) == 50.0  # shallow: the base
+    assert cost.predicted_ms(0.0, 20_000, 10, 2, 2, 99.0) == 0.0  # no base: not judged
+    for _ in range(DEPTH_SAMPLES):  # quiet passes 2,000 deep: 0.005 ms a cached token read
+        cost.predicted_ms(50.0, 20_000, 10, 2, 2, 150.0)
+    assert cost.predicted_ms(50.0, 40_000, 10, 2, 2, 250.0) == pytest.approx(250.0)
+    for _ in range(DEPTH_SAMPLES // 2):  # a busy spell, half as long as the samples kept
+        cost.predicted_ms(50.0, 20_000, 10, 2, 2, 500.0)
+    assert cost.predicted_ms(50.0, 20_000, 10, 2, 1, 900.0) == pytest.approx(150.0)

@@ -33,9 +33,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 TARGET_FLOOR_MS = 100.0
-# A slice is never smaller than this: below it the pass's fixed cost dominates (and a prompt
-# must always move on, however slow the machine).
-MIN_SLICE = 16
+# A slice is never smaller than this (a prompt must always move on, however slow the machine).
+# Near a prompt's start the budget's slices are far bigger; deep into it a token's cost is mostly
+# its reading of the cache before it, and a floor of 16 held passes 2,700 tokens deep beside three
+# streams at 200-230 ms, twice the target: the longest gaps those NPCs saw (bench/run.py
+# prompt-gap, 2-core EPYC). At 8 such a pass takes about 120 ms, and the prompt is served as fast
+# (22.5 against 23.9 s), its passes' fixed part being small there.
+MIN_SLICE = 8
 # Before anything is measured: a slice this size costs ~100 ms on a slow 2-core CPU and a few ms on
 # a GPU, and the first pass with prompt tokens measures the real cost.
 FIRST_SLICE = 32

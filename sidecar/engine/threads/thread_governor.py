@@ -142,11 +142,60 @@ def plan_pass_times(schedule: object | None) -> tuple[tuple[int, float], ...]:
 @dataclass
 class PassBaseline:
     """Without a plan: the fastest pass seen per token tier at the planned threads stands in for
-    the prediction (a machine busy from the start then looks normal, which costs nothing)."""
+    the prediction (a machine busy from the start then looks normal, which costs nothing). Its time
+    a token: a tier spans up to twice the tokens (17-32), and beside streams a prompt's slices grow
+    within it as the budget learns their cost, so a 27-token slice measured against the fastest
+    20-token one looked 1.7x slow and started a probe on a quiet machine."""
 
-    best: dict[int, float] = field(default_factory=dict)
+    best: dict[int, float] = field(default_factory=dict)  # tier -> fastest ms a token
 
-    def predicted_ms(self, tier: int, planned: int, used: int, elapsed_ms: float) -> float:
-        if used == planned:
-            self.best[tier] = min(self.best.get(tier, elapsed_ms), elapsed_ms)
-        return self.best.get(tier, 0.0)
+    def predicted_ms(self, tier: int, n_tokens: int, planned: int, used: int, elapsed_ms: float,
+                     shallow: bool = True) -> float:
+        """The pass's time from a prompt's start (0: nothing known of its tier there yet). Only a
+        shallow pass teaches it: a deep one's time holds its reading of the cache (DepthCost)."""
+        per_token = elapsed_ms / max(n_tokens, 1)
+        if used == planned and shallow:
+            self.best[tier] = min(self.best.get(tier, per_token), per_token)
+        return self.best.get(tier, 0.0) * n_tokens
+
+
+# Passes whose tokens sit on average this shallow in their context are priced as the plan (or the
+# fastest pass of their size) says; the cost of reading the cache is learned from deeper ones.
+SHALLOW_DEPTH = 256
+# Deep passes whose cost of reading the cache is kept, and the share of them below the estimate:
+# a low quantile, so noise does not pull it down as the lowest would, and a busy spell shorter than
+# three quarters of them does not raise it.
+DEPTH_SAMPLES = 64
+DEPTH_QUANTILE = 0.25
+
+
+@dataclass
+class DepthCost:
+    """What a pass spends reading the KV cache, on this machine: milliseconds per cached token
+    read, a pass reading, for each new token, every cached token before it (the sum of its tokens'
+    positions). The plan prices passes from the start of a prompt; with flash attention off each
+    token reads the whole cache before it, so beside a 3,000-token prompt a pass of three streams'
+    tokens and a 16-token slice took 140 ms where the plan (and the fastest pass of that size, met
+    near the start) said 60, and the governor took every such pass for a busy CPU: it probed one
+    thread for 8 passes, three times in one prompt, each pass 1.6-1.8x as long, the longest gaps
+    the other NPCs saw (bench/run.py prompt-gap, 2-core EPYC, quiet).
+
+    Learned from passes at the planned threads whose tokens sit past SHALLOW_DEPTH on average: their
+    time beyond the base prediction over the tokens they read. A CPU busy since before the first deep
+    pass is not seen as busy deep in a context, as without a plan (PassBaseline) at any depth."""
+
+    samples: list[float] = field(default_factory=list)
+
+    def predicted_ms(self, base_ms: float, reads: float, n_tokens: int, planned: int, used: int,
+                     elapsed_ms: float) -> float:
+        """`base_ms` (the plan's or the baseline's, from a prompt's start) plus this pass's reads
+        of the cache at the learned cost, learning from it first when it ran at the planned threads."""
+        if base_ms <= 0:
+            return 0.0  # nothing to compare with: the governor leaves the pass out
+        deep = reads / max(n_tokens, 1) >= SHALLOW_DEPTH
+        if deep and used == planned:
+            self.samples = (self.samples + [max(0.0, elapsed_ms - base_ms) / reads])[-DEPTH_SAMPLES:]
+        if not deep or not self.samples:
+            return base_ms
+        ordered = sorted(self.samples)
+        return base_ms + ordered[int(DEPTH_QUANTILE * (len(ordered) - 1))] * reads

@@ -6,7 +6,7 @@ from __future__ import annotations
 import structlog
 
 from sidecar.backend.engine_config import EngineConfig
-from sidecar.engine.threads.thread_governor import PassBaseline, ThreadGovernor, plan_pass_times, predicted_pass_ms
+from sidecar.engine.threads.thread_governor import SHALLOW_DEPTH, DepthCost, PassBaseline, ThreadGovernor, plan_pass_times, predicted_pass_ms
 
 log = structlog.get_logger("engine")
 
@@ -25,6 +25,7 @@ class GovernedThreads:
         self._governor = ThreadGovernor(max_threads=1)
         self._plan_times: tuple[tuple[int, float], ...] = ()
         self._baseline = PassBaseline()
+        self._depth = DepthCost()
 
     def threads(self, config: EngineConfig, planned: int) -> int:
         """The threads for a pass the plan gives `planned`: capped while the CPU is busy, unless
@@ -42,8 +43,12 @@ class GovernedThreads:
         self._governor = ThreadGovernor(max_threads=max(t for _, t in config.tier_threads))
         self._plan_times = plan_pass_times(config.schedule)
         self._baseline = PassBaseline()
+        self._depth = DepthCost()
 
-    def record(self, config: EngineConfig, n_tokens: int, planned: int, used: int, elapsed_ms: float) -> None:
+    def record(self, config: EngineConfig, n_tokens: int, planned: int, used: int, elapsed_ms: float,
+               reads: float = 0.0) -> None:
+        """One pass: its tokens, threads and time, and `reads`, the sum of its tokens' positions
+        (the cached tokens its attention reads: DepthCost)."""
         if not config.adaptive_threads:
             return  # pinned threads: nothing to govern, and no cap to announce
         if config is not self._config:
@@ -55,7 +60,9 @@ class GovernedThreads:
             # tier: a plan-less config has one tier, and a 76-token prefill (420 ms) measured against
             # the 4-token decodes' best (24 ms) looked 17x slow; with it in the average, one thread
             # looked cheaper and the cap dropped on a quiet machine, halving 4-stream throughput.
-            predicted = self._baseline.predicted_ms(pass_size(n_tokens), planned, used, elapsed_ms)
+            predicted = self._baseline.predicted_ms(pass_size(n_tokens), n_tokens, planned, used, elapsed_ms,
+                                                     shallow=reads / max(n_tokens, 1) < SHALLOW_DEPTH)
+        predicted = self._depth.predicted_ms(predicted, reads, n_tokens, planned, used, elapsed_ms)
         decision = self._governor.record(planned, used, elapsed_ms, predicted)
         if decision.action in ("down", "up"):
             log.info("thread cap changed: passes ran far slower than planned (a busy CPU)" if decision.action == "down"
