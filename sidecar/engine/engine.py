@@ -16,7 +16,7 @@ Parts of it live beside it. Admission (admission.py, an object of its own that t
 llama.cpp: its tests run with fakes) and which sequence a request gets (slot_choice.py); a request
 begun in its sequence (request_start.py); a reply's tokens sampled, streamed and ended
 (replies.py, finish_report.py); the KV growing and shrinking with the crowd (kv_resizing.py,
-kv_demand.py); keeping the replying sequences on the lowest ids (packing.py); reloads (reload.py);
+kv_demand.py); keeping the replying sequences on consecutive ids (packing.py); reloads (reload.py);
 prompt prefixes shared across conversations (prefix_sharing.py, prefix_cache.py). The functions of
 request_start, replies, kv_resizing and reload take the engine itself: every attribute they read
 is declared in Engine.__init__, and mypy checks it. Each request's state (request_state.py) is set
@@ -480,7 +480,7 @@ class Engine:
             sample_next(self, by_seq[seq], index, now)
 
     def _pack(self) -> None:
-        """Move generating sequences down into the gaps below them (see packing.py)."""
+        """Close the gaps between generating sequences, copying the fewest cells (packing.py)."""
         for low, high in packing_moves(self.slots):
             swap(self.ctx, self.sessions, low, high)
             self.stats.record_move()

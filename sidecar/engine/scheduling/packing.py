@@ -1,10 +1,16 @@
-"""Keeping the replying sequences on the lowest ids.
+"""Keeping the replying sequences on consecutive ids.
 
 Without a unified KV cache llama.cpp puts only consecutive sequence ids into one micro-batch
-(llama_batch_allocr::split_equal, sequential), so every gap costs one more pass over the weights
-per step. SmolLM2, 16 streams, 2 cores: 376 tokens/s packed, 277 with one gap, 170 spread over 64
-sequences. A move copies the used cells only (a few MB for a short conversation), once per gap,
-where a gap costs every step.
+(llama_batch_allocr::split_equal, sequential: each id one more than the last, from any first one),
+so every gap between them costs one more pass over the weights per step. SmolLM2, 16 streams, 2
+cores: 376 tokens/s packed, 277 with one gap, 170 spread over 64 sequences. A move copies the used
+cells, once per gap, where a gap costs every step.
+
+Idle sequences below or above the run are no gap, and the run is closed where the cells to copy
+are fewest: a move costs what the sequences hold. It used to pack onto ids 0..n-1 whatever they
+held: when the NPC on sequence 0 finished its line beside a 2,000-token prompt on sequence 3, the
+prompt's 44 MB of KV was copied down into 0, a 100 ms stall between two passes for the two other
+NPCs still talking (bench/run.py prompt-gap: the longest gap of the evening, at each reply's end).
 """
 
 from __future__ import annotations
@@ -15,13 +21,26 @@ from sidecar.engine.scheduling.slot import Slot
 
 
 def packing_moves(slots: list[Slot]) -> list[tuple[Slot, Slot]]:
-    """(idle slot below, generating slot above) pairs whose exchange leaves the generating
-    sequences on ids 0..n-1. Pure: the slots are listed by id."""
+    """(idle slot inside, generating slot outside) pairs whose exchange leaves the generating
+    sequences on consecutive ids: of the windows of that many ids, the one whose moves copy the
+    fewest cached tokens (the lowest on a tie). Pure: the slots are listed by id."""
     n_active = sum(1 for s in slots if s.busy)
-    gaps = [s for s in slots[:n_active] if not s.busy]
-    if not gaps:
+    if n_active == 0:
         return []
-    movers = [s for s in slots[n_active:] if s.busy]
+    best: tuple[int, int] | None = None  # (tokens to copy, window start)
+    for start in range(len(slots) - n_active + 1):
+        window = slots[start:start + n_active]
+        gaps = [s for s in window if not s.busy]
+        if not gaps:
+            return []  # already a run
+        movers = [s for s in slots if s.busy and not start <= s.seq < start + n_active]
+        cost = sum(len(s.cached) for s in gaps + movers)
+        if best is None or cost < best[0]:
+            best = (cost, start)
+    assert best is not None  # n_active <= len(slots): at least one window
+    start = best[1]
+    gaps = [s for s in slots[start:start + n_active] if not s.busy]
+    movers = [s for s in slots if s.busy and not start <= s.seq < start + n_active]
     return list(zip(gaps, movers))
 
 
