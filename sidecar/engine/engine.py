@@ -481,7 +481,7 @@ class Engine:
 
     def _pack(self) -> None:
         """Close the gaps between generating sequences, copying the fewest cells (packing.py)."""
-        for low, high in packing_moves(self.slots):
+        for low, high in packing_moves(self.slots, self.pool.ceiling):
             swap(self.ctx, self.sessions, low, high)
             self.stats.record_move()
 

@@ -41,3 +41,12 @@ def test_sixteen_streams_with_one_ended_close_the_gap_once() -> None:
     crowd[15] = 900
     assert moves(packing_moves(slots(crowd, n=16))) == [(5, 0)]
     assert moves(packing_moves(slots({seq: 300 for seq in range(16) if seq != 5}, n=16))) == [(5, 15)]
+
+
+def test_under_a_lowered_ceiling_the_run_moves_below_it_so_the_rest_can_be_given_back() -> None:
+    # A RAM budget now allows 2 of 4 sequences: the two replies on 2 and 3 move into 0 and 1.
+    assert moves(packing_moves(slots({2: 100, 3: 100}), ceiling=2)) == [(0, 2), (1, 3)]
+    assert moves(packing_moves(slots({0: 100, 1: 100}), ceiling=2)) == []
+    # More replies than the ceiling holds: they stay a run where they are, and finish there.
+    assert moves(packing_moves(slots({1: 100, 2: 100, 3: 100}), ceiling=2)) == []
+    assert moves(packing_moves(slots({2: 100, 3: 100}), ceiling=4)) == []

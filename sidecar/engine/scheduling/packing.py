@@ -20,15 +20,18 @@ from sidecar.backend.sessions import SessionStore
 from sidecar.engine.scheduling.slot import Slot
 
 
-def packing_moves(slots: list[Slot]) -> list[tuple[Slot, Slot]]:
+def packing_moves(slots: list[Slot], ceiling: int | None = None) -> list[tuple[Slot, Slot]]:
     """(idle slot inside, generating slot outside) pairs whose exchange leaves the generating
     sequences on consecutive ids: of the windows of that many ids, the one whose moves copy the
-    fewest cached tokens (the lowest on a tie). Pure: the slots are listed by id."""
+    fewest cached tokens (the lowest on a tie). Under a `ceiling` (a RAM budget lowered below the
+    sequences allocated) the run goes below it where it fits, so the sequences above can be given
+    back without waiting for the replies there to end. Pure: the slots are listed by id."""
     n_active = sum(1 for s in slots if s.busy)
     if n_active == 0:
         return []
+    limit = ceiling if ceiling is not None and n_active <= ceiling < len(slots) else len(slots)
     best: tuple[int, int] | None = None  # (tokens to copy, window start)
-    for start in range(len(slots) - n_active + 1):
+    for start in range(limit - n_active + 1):
         window = slots[start:start + n_active]
         gaps = [s for s in window if not s.busy]
         if not gaps:
