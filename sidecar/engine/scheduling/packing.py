@@ -26,25 +26,22 @@ def packing_moves(slots: list[Slot], ceiling: int | None = None) -> list[tuple[S
     fewest cached tokens (the lowest on a tie). Under a `ceiling` (a RAM budget lowered below the
     sequences allocated) the run goes below it where it fits, so the sequences above can be given
     back without waiting for the replies there to end. Pure: the slots are listed by id."""
-    n_active = sum(1 for s in slots if s.busy)
-    if n_active == 0:
+    busy = [s.seq for s in slots if s.busy]
+    if not busy:
         return []
+    n_active = len(busy)
     limit = ceiling if ceiling is not None and n_active <= ceiling < len(slots) else len(slots)
-    best: tuple[int, int] | None = None  # (tokens to copy, window start)
+    if busy[-1] - busy[0] + 1 == n_active and busy[-1] < limit:
+        return []  # already a run (every pass asks: the common case, found without the search)
+    best: tuple[int, list[Slot], list[Slot]] | None = None  # (tokens to copy, gaps, movers)
     for start in range(limit - n_active + 1):
-        window = slots[start:start + n_active]
-        gaps = [s for s in window if not s.busy]
-        if not gaps:
-            return []  # already a run
+        gaps = [s for s in slots[start:start + n_active] if not s.busy]
         movers = [s for s in slots if s.busy and not start <= s.seq < start + n_active]
         cost = sum(len(s.cached) for s in gaps + movers)
         if best is None or cost < best[0]:
-            best = (cost, start)
-    assert best is not None  # n_active <= len(slots): at least one window
-    start = best[1]
-    gaps = [s for s in slots[start:start + n_active] if not s.busy]
-    movers = [s for s in slots if s.busy and not start <= s.seq < start + n_active]
-    return list(zip(gaps, movers))
+            best = (cost, gaps, movers)
+    assert best is not None  # n_active <= limit: at least one window
+    return list(zip(best[1], best[2]))
 
 
 def swap(ctx: NativeContext, sessions: SessionStore, low: Slot, high: Slot) -> None:

@@ -169,6 +169,12 @@ DEPTH_SAMPLES = 64
 DEPTH_QUANTILE = 0.25
 
 
+def is_deep(reads: float, n_tokens: int) -> bool:
+    """Whether a pass's tokens sit past SHALLOW_DEPTH on average (`reads`: the sum of their
+    positions, the cached tokens their attention reads)."""
+    return reads / max(n_tokens, 1) >= SHALLOW_DEPTH
+
+
 @dataclass
 class DepthCost:
     """What a pass spends reading the KV cache, on this machine: milliseconds per cached token
@@ -192,7 +198,7 @@ class DepthCost:
         of the cache at the learned cost, learning from it first when it ran at the planned threads."""
         if base_ms <= 0:
             return 0.0  # nothing to compare with: the governor leaves the pass out
-        deep = reads / max(n_tokens, 1) >= SHALLOW_DEPTH
+        deep = is_deep(reads, n_tokens)
         if deep and used == planned:
             self.samples = (self.samples + [max(0.0, elapsed_ms - base_ms) / reads])[-DEPTH_SAMPLES:]
         if not deep or not self.samples:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import structlog
 
 from sidecar.backend.engine_config import EngineConfig
-from sidecar.engine.threads.thread_governor import SHALLOW_DEPTH, DepthCost, PassBaseline, ThreadGovernor, plan_pass_times, predicted_pass_ms
+from sidecar.engine.threads.thread_governor import DepthCost, PassBaseline, ThreadGovernor, is_deep, plan_pass_times, predicted_pass_ms
 
 log = structlog.get_logger("engine")
 
@@ -61,7 +61,7 @@ class GovernedThreads:
             # the 4-token decodes' best (24 ms) looked 17x slow; with it in the average, one thread
             # looked cheaper and the cap dropped on a quiet machine, halving 4-stream throughput.
             predicted = self._baseline.predicted_ms(pass_size(n_tokens), n_tokens, planned, used, elapsed_ms,
-                                                     shallow=reads / max(n_tokens, 1) < SHALLOW_DEPTH)
+                                                     shallow=not is_deep(reads, n_tokens))
         predicted = self._depth.predicted_ms(predicted, reads, n_tokens, planned, used, elapsed_ms)
         decision = self._governor.record(planned, used, elapsed_ms, predicted)
         if decision.action in ("down", "up"):
