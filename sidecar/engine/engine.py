@@ -312,7 +312,7 @@ class Engine:
             self._admit()
             # Published before the pass too: a first prefill can take seconds, and status would
             # show the requests just admitted as they were before it.
-            self.requests = request_views(self.slots, self._waiting, time.perf_counter())
+            self.publish_requests()
             if any(s.busy for s in self.slots):
                 self.busy_since = self.busy_since or time.monotonic()
                 self._pass_safely()
@@ -322,8 +322,12 @@ class Engine:
             elif not self._waiting:
                 shrink_when_quiet(self)
             self.model_calls.advance()  # one slice of an embedding call between two passes
-            self.requests = request_views(self.slots, self._waiting, time.perf_counter())
+            self.publish_requests()
         self._shutdown()
+
+    def publish_requests(self) -> None:
+        """Rebuild the request views status reads (engine thread only)."""
+        self.requests = request_views(self.slots, self._waiting, time.perf_counter())
 
     def _next_message(self) -> InboxMessage | None:
         """The next message, None when there is none and a pass is due. Blocks only when there

@@ -62,6 +62,10 @@ def _emit(engine: Engine, slot: Slot, token: int) -> bool:
     a = slot.active
     assert a is not None  # only a slot that serves a request samples, emits or ends
     a.generated += 1
+    if a.generated == 1:
+        # The loop publishes the views after the pass; a client that holds its first token
+        # before then would find its request still prefilling in status. Once per request.
+        engine.publish_requests()
     _send(a, a.stream.push(token, engine.model.piece(token)))
     if a.stream.stopped:
         finish(engine, slot, FinishReason.STOP_STRING)
