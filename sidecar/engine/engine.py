@@ -55,7 +55,7 @@ from sidecar.engine.kv_demand import SequencePool
 from sidecar.engine.kv_resizing import grow_for, shrink_to_ceiling, shrink_when_quiet
 from sidecar.engine.model_calls import ModelCall, ModelCalls
 from sidecar.engine.reload import ReloadRequest, reload_if_wanted
-from sidecar.engine.replies import finish, sample_next
+from sidecar.engine.replies import end_after_failed_pass, finish, sample_next
 from sidecar.engine.request_start import start_request
 from sidecar.backend.request_state import RequestState, RequestView
 from sidecar.backend.requests import FinishReason, GenerationSpec, Job, Sink
@@ -398,19 +398,10 @@ class Engine:
         try:
             self._step()
         except Exception as e:
-            # A failed pass leaves the KV cache of everything in it uncertain: end those requests,
-            # keep the engine. Their sequences are cleared so the next request starts clean.
             error = e if isinstance(e, SidecarError) else EngineFailure(f"internal error: {type(e).__name__}: {e}")
             if not isinstance(e, SidecarError):
                 log.exception("forward pass failed")
-            for slot in self.slots:
-                if slot.active is not None:
-                    self.sharing.abandon(slot.active)
-                    slot.active.sampler.close()
-                    slot.active.job.end(error)
-                    slot.active = None
-                    self.ctx.clear(slot.seq)
-                    slot.cached = []
+            end_after_failed_pass(self.slots, self.sharing, self.ctx, error)
 
     def _step(self) -> None:
         plan = self._schedule()

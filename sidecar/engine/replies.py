@@ -5,7 +5,7 @@ length, a full context, an error of its own), its turn then kept in its session.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from sidecar.backend.request_state import RequestState
 from sidecar.backend.requests import FinishReason, TextDelta
@@ -19,6 +19,13 @@ from sidecar.errors import SidecarError
 
 if TYPE_CHECKING:  # the engine imports this module
     from sidecar.engine.engine import Engine
+    from sidecar.engine.prefix.prefix_sharing import PrefixSharing
+
+
+class SequenceCells(Protocol):
+    """What a failed pass needs of the context: a sequence's cells dropped."""
+
+    def clear(self, seq: int) -> None: ...
 
 
 def sample_next(engine: Engine, slot: Slot, index: int, now: float) -> None:
@@ -113,6 +120,25 @@ def fail(engine: Engine, slot: Slot, error: SidecarError) -> None:
     a = _release(engine, slot)
     engine.stats.record_request()
     a.job.end(error)
+
+
+def end_after_failed_pass(slots: list[Slot], sharing: PrefixSharing, ctx: SequenceCells, error: SidecarError) -> int:
+    """A pass that raised leaves the KV cache of every sequence in it uncertain: each request
+    bound to a sequence ends with `error` and its sequence is cleared, so the next request there
+    starts clean; requests still waiting and the engine go on. The number of requests ended."""
+    ended = 0
+    for slot in slots:
+        a = slot.active
+        if a is None:
+            continue
+        slot.active = None
+        sharing.abandon(a)  # those waiting for the prefix it was computing prefill on their own
+        a.sampler.close()
+        a.job.end(error)
+        ctx.clear(slot.seq)
+        slot.cached = []
+        ended += 1
+    return ended
 
 
 def finish(engine: Engine, slot: Slot, reason: FinishReason) -> None:
