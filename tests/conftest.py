@@ -18,8 +18,8 @@ import pytest
 from sidecar.client import SidecarClient
 from sidecar.model_info.default_model import default_model_path
 from support.daemons import RunningDaemon, require_rpc, start_daemon, stop_daemon
-from support.run_summary import pytest_terminal_summary  # noqa: F401 (a hook: the run ends with what it skipped)
-from support.tiers import mark_fast
+from support.run_summary import pytest_terminal_summary, pytest_testnodedown  # noqa: F401 (hooks: the run ends with what it skipped)
+from support.tiers import mark_alone, mark_fast
 
 # Hermetic: the whole run, and every daemon it starts (they inherit the environment), keeps its
 # cache (machine profiles, profiler probes) in a folder of its own, made here before any test or
@@ -129,6 +129,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     life of the process (ggml has no way to take a device out of its registry), and every test
     after it would see a GPU-type device where it expects this machine as it is."""
     mark_fast(items)
+    mark_alone(items)
     gpu = [i for i in items if "tests/gpu/" in i.nodeid or i.nodeid.startswith("gpu/")]
     if gpu:
         rest = [i for i in items if i not in gpu]

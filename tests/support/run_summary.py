@@ -16,8 +16,18 @@ _TALLIES = pytest.StashKey[dict]()
 
 
 def record_tally(config: pytest.Config, name: str, counts: dict[str, int]) -> None:
-    """Print `counts` under `name` at the end of the run (a module's fixture calls it at teardown)."""
+    """Print `counts` under `name` at the end of the run (a module's fixture calls it at teardown).
+    In a pytest-xdist worker it also goes to the controller, which prints the run's end."""
     config.stash.setdefault(_TALLIES, {})[name] = dict(counts)
+    workeroutput = getattr(config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput.setdefault("tallies", {})[name] = dict(counts)
+
+
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: a worker finished, with its tallies
+def pytest_testnodedown(node, error) -> None:
+    for name, counts in getattr(node, "workeroutput", {}).get("tallies", {}).items():
+        node.config.stash.setdefault(_TALLIES, {})[name] = counts
 
 # (a phrase of the skip reason, the command that includes those tests). First match wins.
 HOW_TO_INCLUDE = (
