@@ -71,7 +71,13 @@ class PromptBudget:
             return
         beside = self.decode_pass_ms if decode_tokens and self.decode_pass_ms is not None else 0.0
         per_token = max(0.001, (elapsed_ms - beside) / prompt_tokens)
-        self.prompt_token_ms = _smooth(self.prompt_token_ms, per_token)
+        if self.prompt_token_ms is not None and per_token > self.prompt_token_ms:
+            # A dearer token is believed at once: deep into a long prompt each pass costs more
+            # than the last (its fixed part reads the whole cache before it), and the running
+            # estimate, 4 passes behind, held every slice there 10-20% over the target.
+            self.prompt_token_ms = per_token
+        else:
+            self.prompt_token_ms = _smooth(self.prompt_token_ms, per_token)
 
     def target_ms(self, streaming: int = 1, waiting: int = 0) -> float:
         """A pass's time for `streaming` replies beside `waiting` prompts (module docstring)."""
