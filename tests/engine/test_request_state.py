@@ -81,6 +81,26 @@ def test_status_says_why_each_request_waits(engine: Engine) -> None:
     assert engine.snapshot().requests == ()
 
 
+def test_status_read_as_a_client_gets_its_first_token_says_decoding(engine: Engine) -> None:
+    """The sink runs on the engine thread as each token is sent: what status shows at that moment
+    is what a client that holds its first token finds. The views were rebuilt only after the
+    pass, so a status call in that window said prefilling (seen once in CI over gRPC)."""
+    sampling = engine_sampling(GREEDY, engine_eog_ids(engine))
+    seen: list[tuple[RequestState, int] | None] = []
+
+    def first_delta(delta) -> None:
+        if not seen:
+            view = next((v for v in engine.snapshot().requests if v.request_id == "watched"), None)
+            seen.append((view.state, view.tokens_generated) if view is not None else None)
+
+    stream = Stream(on_delta=first_delta)
+    engine.submit(GenerationSpec(prompt=Prompt(text="Count from one to ten."), sampling=sampling, max_tokens=4,
+                                 request_id="watched"), stream)
+    stream.result()
+    assert seen and seen[0] is not None, seen
+    assert seen[0][0] is RequestState.DECODING and seen[0][1] >= 1, seen
+
+
 def test_grpc_status_lists_a_streaming_request(client, eog) -> None:
     request = pb.GenerateRequest(prompt="Count from one to one thousand.", max_tokens=400, request_id="counting",
                                  sampling=grpc_sampling(eog, temperature=0.0))
