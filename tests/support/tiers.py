@@ -104,23 +104,19 @@ def mark_fast(items: list[pytest.Item]) -> None:
 ALONE = (
     # ggml's device registry lives as long as the process: once an RPC device is registered,
     # every later test in that worker would see a GPU-type device (conftest runs these last).
-    ("tests/gpu/", "registers an RPC device for the life of the process"),
+    "tests/gpu/",
     # Machine profiles time the CPU, memory and the loaded PC: the other worker's load would be
     # measured as the player's game.
-    ("tests/profiler/", "measures this machine"),
+    "tests/profiler/",
     # The frame guard reads other processes' CPU use as a game's: beside the other worker it
     # would see a game where the test has none.
-    ("tests/daemon/test_frame_guard_daemon.py", "reads other processes' load as a game's"),
-    ("tests/daemon/test_frame_guard_waiting.py", "reads other processes' load as a game's"),
+    "tests/daemon/test_frame_guard_daemon.py",
+    "tests/daemon/test_frame_guard_waiting.py",
 )
-
-
-def alone_reason(nodeid: str) -> str | None:
-    path = nodeid if nodeid.startswith("tests/") else "tests/" + nodeid
-    return next((why for prefix, why in ALONE if path.startswith(prefix)), None)
 
 
 def mark_alone(items: list[pytest.Item]) -> None:
     for item in items:
-        if alone_reason(item.nodeid) is not None and not item.get_closest_marker("alone"):
+        path = item.nodeid if item.nodeid.startswith("tests/") else "tests/" + item.nodeid
+        if path.startswith(ALONE) and not item.get_closest_marker("alone"):
             item.add_marker(pytest.mark.alone)
