@@ -204,7 +204,7 @@ def _side(args, side: str, units: int, threads: int, seconds: float, folder: Pat
         if side != "alone":
             stream_one(0, 1000, lambda n: None)  # warm: the model's first pass, the KV grown
             load = NpcLoad(stream_one, args.npcs)
-            time.sleep(3)  # every NPC streaming before the frames start
+            time.sleep(1 if args.quick else 3)  # every NPC streaming before the frames start
         t0 = time.perf_counter()
         start_file.touch()
         guard = None

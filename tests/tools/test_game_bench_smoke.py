@@ -17,7 +17,7 @@ SIDES = ("alone", "guard off", "guard on (reports)", "guard on (watching)")
 def test_the_game_scenario_runs_every_side_and_writes_its_figures(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, str(REPO / "bench" / "run.py"), "game", "--quick", "--json-dir", str(tmp_path),
-         "--game-threads", "1", "--seconds", "4", "--sides", ",".join(SIDES)],
+         "--game-threads", "1", "--seconds", "3", "--sides", ",".join(SIDES)],
         capture_output=True, text=True, timeout=600, cwd=REPO)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     (result,) = tmp_path.glob("game-*.json")
