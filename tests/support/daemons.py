@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from support.worker_threads import THREADS
+
 # The launcher lives in the package so bench/ shares it.
 from sidecar.lifecycle.daemon_process import RunningDaemon, stop_daemon  # noqa: F401
 from sidecar.lifecycle.daemon_process import start_daemon as _start_daemon
@@ -19,9 +21,12 @@ def start_daemon(*args: str, **kwargs) -> RunningDaemon:
     """sidecar.lifecycle.daemon_process.start_daemon, with `--profile off` unless the test names a profile
     (`--profile auto`, a file) or a machine (`--hardware`): the planner's defaults, the same on
     every machine, and no profiler measuring in the background beside the test. A test about
-    profiles passes `--profile auto` (with its own XDG_CACHE_HOME)."""
+    profiles passes `--profile auto` (with its own XDG_CACHE_HOME). Under scripts/pytest-parts'
+    workers, `--threads` the worker's share of the cores unless the test names its own."""
     if not any(a in ("--profile", "--hardware") or a.startswith(("--profile=", "--hardware=")) for a in args):
         args = (*args, "--profile", "off")
+    if THREADS and not any(a == "--threads" or a.startswith("--threads=") for a in args):
+        args = (*args, "--threads", str(THREADS))  # the worker's share of the cores (worker_threads.py)
     return _start_daemon(*args, **kwargs)
 
 

@@ -1,7 +1,7 @@
 """One engine factory and one sink collector, for the tests that drive an Engine in this process.
 
-The defaults are what those tests need to compare tokens: two pinned threads for decode and
-prefill and no thread governor (llama.cpp gives the same tokens only for the same thread count
+The defaults are what those tests need to compare tokens: pinned threads for decode and prefill
+(two, or the worker's share of the cores: worker_threads.py) and no thread governor (llama.cpp gives the same tokens only for the same thread count
 and batch layout: README, "Tests on any machine"). A test passes what it is about (n_seq, the
 prompt limit, a prefix cache...).
 """
@@ -16,8 +16,9 @@ from pathlib import Path
 from sidecar.backend.requests import TextDelta
 from sidecar.engine import Engine, EngineConfig, Finished, GenerationSpec
 from sidecar.errors import SidecarError
+from support.worker_threads import PINNED
 
-DEFAULTS = dict(n_ctx=1024, threads_decode=2, threads_prefill=2, adaptive_threads=False)
+DEFAULTS = dict(n_ctx=1024, threads_decode=PINNED, threads_prefill=PINNED, adaptive_threads=False)
 
 
 def engine_config(path: Path, **changes: object) -> EngineConfig:

@@ -1,8 +1,8 @@
 """Embeddings share the engine with the streams (issue 36, P3): a big call runs in slices between
 the streams' passes, so an NPC talking beside it keeps receiving tokens, and a call whose client
 has gone stops before its next slice. Over HTTP (the `openai` package, httpx where a client must
-be killed), gRPC and the WebSocket bridge, beside an NPC that talks the whole time
-(stream_heartbeat.py). Bounds are relative to what the same test measures, never absolute.
+be killed), gRPC and the WebSocket bridge; the gaps beside an NPC that talks while they are
+measured (stream_heartbeat.py). Bounds are relative to what the same test measures, never absolute.
 
 Before: 4 inputs of 510 tokens held every stream for the whole call (14.5 s in the issue), and a
 call of 16 went on after its client was killed."""
@@ -38,7 +38,9 @@ def daemon() -> Iterator[RunningDaemon]:
 
 @pytest.fixture(scope="module")
 def heartbeat(daemon: RunningDaemon) -> Iterator[Heartbeat]:
+    """The NPC talks only while gap_beside measures (it would decode through the whole module)."""
     beat = Heartbeat(daemon)
+    beat.pause()
     yield beat
     beat.stop()
 
@@ -85,13 +87,17 @@ def silence_ms(heartbeat: Heartbeat, since: float, until: float) -> float:
 
 def gap_beside(heartbeat: Heartbeat, call) -> tuple[float, float, float]:
     """(the NPC's longest wait before the call, during it, the call's time), in ms."""
-    quiet_from = time.monotonic()
-    time.sleep(1.5)
-    quiet = silence_ms(heartbeat, quiet_from, time.monotonic())
-    t0 = time.monotonic()
-    call()
-    t1 = time.monotonic()
-    return quiet, silence_ms(heartbeat, t0, t1), (t1 - t0) * 1000.0
+    heartbeat.resume()
+    try:
+        quiet_from = time.monotonic()
+        time.sleep(1.5)
+        quiet = silence_ms(heartbeat, quiet_from, time.monotonic())
+        t0 = time.monotonic()
+        call()
+        t1 = time.monotonic()
+        return quiet, silence_ms(heartbeat, t0, t1), (t1 - t0) * 1000.0
+    finally:
+        heartbeat.pause()
 
 
 @pytest.mark.parametrize("way", ["http", "grpc"])
@@ -148,7 +154,7 @@ def _gone_then_quick(daemon: RunningDaemon, client: openai.OpenAI, long_ids: lis
     return stopped
 
 
-def test_a_killed_http_client_stops_its_call(daemon, client, heartbeat, long_ids) -> None:
+def test_a_killed_http_client_stops_its_call(daemon, client, long_ids) -> None:
     base = http_base(daemon)
 
     def leave() -> None:
@@ -159,7 +165,7 @@ def test_a_killed_http_client_stops_its_call(daemon, client, heartbeat, long_ids
     _gone_then_quick(daemon, client, long_ids, leave)
 
 
-def test_a_grpc_deadline_stops_its_call(daemon, client, heartbeat, long_ids, long_text) -> None:
+def test_a_grpc_deadline_stops_its_call(daemon, client, long_ids, long_text) -> None:
     def leave() -> None:
         with daemon.client(timeout_s=2.0) as c, pytest.raises(grpc.RpcError) as gone:
             c.embed([long_text] * 16)
@@ -168,7 +174,7 @@ def test_a_grpc_deadline_stops_its_call(daemon, client, heartbeat, long_ids, lon
     _gone_then_quick(daemon, client, long_ids, leave)
 
 
-def test_a_bridge_cancel_stops_its_call(daemon, client, heartbeat, long_ids, long_text) -> None:
+def test_a_bridge_cancel_stops_its_call(daemon, client, long_ids, long_text) -> None:
     def leave() -> None:
         with BridgeClient(daemon.ws_address, daemon.token) as bridge:
             bridge.send({"id": "e", "method": "Embed", "request": {"input": [long_text] * 16}})
