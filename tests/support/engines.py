@@ -1,9 +1,9 @@
 """One engine factory and one sink collector, for the tests that drive an Engine in this process.
 
 The defaults are what those tests need to compare tokens: pinned threads for decode and prefill
-(two, or the worker's share of the cores: worker_threads.py) and no thread governor (llama.cpp gives the same tokens only for the same thread count
-and batch layout: README, "Tests on any machine"). A test passes what it is about (n_seq, the
-prompt limit, a prefix cache...).
+(two, or the worker's share of the cores: worker_threads.py) and no thread governor (llama.cpp
+gives the same tokens only for the same thread count and batch layout: README, "Tests on any
+machine"). A test passes what it is about (n_seq, the prompt limit, a prefix cache...).
 """
 
 from __future__ import annotations

@@ -14,8 +14,8 @@ from sidecar.api import pb
 
 class Heartbeat:
     """An NPC that talks the whole time (its end tokens banned: each reply runs 64 tokens), and
-    the arrival time of every chunk. `paused()` lets it finish its reply and wait: a test that
-    measures gaps only in some windows need not decode through the rest (a core's worth)."""
+    the arrival time of every chunk. `pause()` lets it finish its reply and wait until `resume()`:
+    a test that measures gaps only in some windows need not decode through the rest (a core's worth)."""
 
     def __init__(self, daemon: RunningDaemon) -> None:
         with daemon.client(timeout_s=60) as c:
