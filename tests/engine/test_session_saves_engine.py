@@ -19,7 +19,7 @@ from sidecar.engine.prompts.prompt_build import build_prompt
 from sidecar.errors import InvalidArgument, NotFound, SidecarError
 
 from support.no_early_stop import engine_eog_ids, engine_sampling
-from support.worker_threads import PINNED
+from support.engines import engine_config
 
 GREEDY = SamplingConfig(temperature=0.0, repeat_penalty=1.0)
 PERSONA = "You are Brom, the village blacksmith. Gruff, kind, short sentences."
@@ -27,10 +27,7 @@ WORLD = "The kingdom of Eld. Winter is coming and iron is scarce."
 
 
 def config(path, **changes) -> EngineConfig:
-    fields = dict(model_path=path, n_ctx=512, threads_decode=PINNED, threads_prefill=PINNED, max_sessions=4,
-                  max_prompt_tokens=400, adaptive_threads=False)
-    fields.update(changes)
-    return EngineConfig(**fields)
+    return engine_config(path, **{"n_ctx": 512, "max_sessions": 4, "max_prompt_tokens": 400, **changes})
 
 
 def run(engine: Engine, spec: GenerationSpec) -> tuple[list[int], Finished]:

@@ -16,6 +16,7 @@ from sidecar.engine import kv_demand
 from sidecar.engine.scheduling import kv_sizing
 from sidecar.engine.scheduling.kv_sizing import grown_count, shrunk_count
 from support.no_early_stop import engine_bias, engine_eog_ids
+from support.engines import engine_config
 from support.worker_threads import PINNED
 
 GREEDY = SamplingConfig(temperature=0.0, repeat_penalty=1.0)
@@ -72,8 +73,7 @@ def finished(pending) -> list[tuple[list[TextDelta], Finished]]:
 
 def test_the_engine_grows_for_a_crowd_and_shrinks_when_it_goes_quiet(smollm2_path, monkeypatch) -> None:
     monkeypatch.setattr(kv_sizing, "SHRINK_IDLE_S", 1.0)
-    engine = Engine(EngineConfig(model_path=smollm2_path, n_ctx=512, n_seq=8, n_seq_start=2, threads_decode=PINNED,
-                                 threads_prefill=PINNED, max_sessions=16, adaptive_threads=False))
+    engine = Engine(engine_config(smollm2_path, n_ctx=512, n_seq=8, n_seq_start=2, max_sessions=16))
     try:
         assert engine.pool.allocated == 2
         specs = [GenerationSpec(prompt=Prompt(messages=(("user", f"NPC {i}: tell me about the harbour."),)),
@@ -98,8 +98,7 @@ def test_the_engine_grows_for_a_crowd_and_shrinks_when_it_goes_quiet(smollm2_pat
 
 @pytest.mark.parametrize("beside", [True, False])
 def test_streams_in_flight_go_on_through_a_resize(smollm2_path, beside: bool) -> None:
-    engine = Engine(EngineConfig(model_path=smollm2_path, n_ctx=512, n_seq=4, n_seq_start=1, threads_decode=PINNED,
-                                 threads_prefill=PINNED, adaptive_threads=False, grow_beside=beside))
+    engine = Engine(engine_config(smollm2_path, n_ctx=512, n_seq=4, n_seq_start=1, grow_beside=beside))
     try:
         first = submit(engine, GenerationSpec(prompt=Prompt(messages=(("user", "Count to forty."),)), sampling=GREEDY,
                                               max_tokens=48))
