@@ -18,6 +18,7 @@ import pytest
 from sidecar.client import SidecarClient
 from sidecar.model_info.default_model import default_model_path
 from support.daemons import RunningDaemon, require_rpc, start_daemon, stop_daemon
+from support.suite_model import suite_model_path
 from support.run_summary import pytest_terminal_summary, pytest_testnodedown  # noqa: F401 (hooks: the run ends with what it skipped)
 from support.tiers import mark_alone, mark_fast
 
@@ -35,19 +36,20 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 @pytest.fixture(scope="session")
 def smollm2_path() -> Path:
-    return default_model_path()
+    """SmolLM2 as the suite serves it: requantized to Q4_0 (support/suite_model.py)."""
+    return suite_model_path()
 
 
 @pytest.fixture(scope="module")
-def smollm2_vocab(smollm2_path: Path) -> Iterator[object]:
+def smollm2_vocab() -> Iterator[object]:
     """SmolLM2's tokenizer alone (llama.cpp's vocab_only load: no weights, no context), for tests
-    of what a grammar allows."""
+    of what a grammar allows: the bundled file's, which the suite's Q4_0 copy shares."""
     import llama_cpp
 
     llama_cpp.llama_backend_init()
     params = llama_cpp.llama_model_default_params()
     params.vocab_only = True
-    model = llama_cpp.llama_model_load_from_file(os.fsencode(str(smollm2_path)), params)
+    model = llama_cpp.llama_model_load_from_file(os.fsencode(str(default_model_path())), params)
     assert model
     yield llama_cpp.llama_model_get_vocab(model)
     llama_cpp.llama_model_free(model)
@@ -55,7 +57,7 @@ def smollm2_vocab(smollm2_path: Path) -> Iterator[object]:
 
 @pytest.fixture(scope="session")
 def daemon() -> Iterator[RunningDaemon]:
-    """One daemon on the default model (SmolLM2) for the whole test session."""
+    """One daemon on SmolLM2 (the suite's Q4_0 copy: support/suite_model.py) for the whole test session."""
     running = start_daemon("--budget", "0")
     yield running
     stop_daemon(running)

@@ -11,6 +11,7 @@ from sidecar.api import pb
 from sidecar.client import Reply
 from sidecar.local.crowd import AUTO_MAX, AUTO_MIN, auto_parallel, parallel_for
 from sidecar.model_info.default_model import default_model_path
+from support.suite_model import suite_model_path
 
 from support.no_early_stop import grpc_sampling
 
@@ -28,7 +29,7 @@ def test_sequences_are_what_an_eighth_of_memory_holds_between_4_and_16() -> None
 
 def test_sixteen_npcs_at_the_default_settings_all_start_before_any_reply_ends(daemon, eog) -> None:
     ready = next(e for e in daemon.log_lines if e.get("event") == "ready")
-    assert ready["parallel"] == parallel_for(0, default_model_path(), 4096)
+    assert ready["parallel"] == parallel_for(0, suite_model_path(), 4096)
     if ready["parallel"] < 16:
         pytest.skip("this machine's memory affords fewer than 16 sequences at --ctx 4096 (README: crowds)")
 

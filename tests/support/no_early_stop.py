@@ -86,7 +86,8 @@ def file_eog_ids(path: str | os.PathLike[str]) -> tuple[int, ...]:
 
 
 def default_eog_ids() -> tuple[int, ...]:
-    """Those of the default model (SmolLM2), which every daemon started without --model serves."""
+    """Those of the default model (SmolLM2): the suite's Q4_0 copy of it (suite_model.py), which
+    every test daemon started without --model serves, has the same vocabulary."""
     from sidecar.model_info.default_model import default_model_path
 
     return file_eog_ids(str(default_model_path()))

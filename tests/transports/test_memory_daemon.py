@@ -12,6 +12,7 @@ import grpc
 import pytest
 
 from sidecar.api import pb
+from sidecar.model_info.default_model import default_model_path
 from support.daemons import RunningDaemon, start_daemon, stop_daemon
 from support.no_early_stop import default_eog_ids, grpc_sampling
 from support.bridge import BridgeClient
@@ -208,8 +209,10 @@ def test_no_memory_refuses_memory_calls_and_keeps_nothing() -> None:
 
 def test_a_ram_budget_too_small_for_the_embedding_model_finds_memories_by_words() -> None:
     # --ctx 4096 (SmolLM2: 94 MB of KV a conversation): 512M holds one conversation, and not the
-    # embedding model beside it (memory/footprint.py); 1G holds both.
-    small = start_daemon("--budget", "0", "--ram-budget", "512M", "--stream-interval-ms", "0")
+    # embedding model beside it (memory/footprint.py); 1G holds both. The bundled Q4_1 file: the
+    # suite's Q4_0 copy is 10 MB smaller, enough for both at 512M.
+    small = start_daemon("--budget", "0", "--ram-budget", "512M", "--stream-interval-ms", "0",
+                         "--model", str(default_model_path()))
     try:
         with small.client(timeout_s=120) as c:
             c.remember(["The smith's sister is called Mira."], scope="smith")
