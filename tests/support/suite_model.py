@@ -24,11 +24,11 @@ from sidecar.model_info.default_model import default_model_path
 
 @functools.cache
 def suite_model_path() -> Path:
-    """XLM_TEST_MODEL=bundled runs the suite on the bundled file itself (the Q4_1 kernels)."""
+    """XLM_SUITE_MODEL=bundled runs the suite on the bundled file itself (the Q4_1 kernels)."""
     import llama_cpp
 
     source = default_model_path()
-    if os.environ.get("XLM_TEST_MODEL") == "bundled":
+    if os.environ.get("XLM_SUITE_MODEL") == "bundled":
         return source
     folder = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "xlm-tests"
     target = folder / source.name.replace(".Q4_1.", ".Q4_0.")

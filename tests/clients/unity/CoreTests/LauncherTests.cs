@@ -16,7 +16,7 @@ namespace Xlm.Sidecar.Tests
             TestRunner.Add("launcher_serves_a_unix_socket_with_the_bridge_beside_it", UnixSocket);
         }
 
-        static SidecarLaunchOptions Options()
+        static SidecarLaunchOptions Options(bool frameGuard = false)
         {
             var options = new SidecarLaunchOptions
             {
@@ -28,6 +28,10 @@ namespace Xlm.Sidecar.Tests
             // One thread: the test machine is small and shared; --profile off skips the one-time
             // machine measurement, which is the planner's business, not the launcher's.
             options.ExtraArguments.AddRange(new[] { "--threads", "1", "--profile", "off" });
+            // The frame guard is the frame tests' business. Beside the other test worker it reads that
+            // worker's inference as a game's and yields to it: a launcher test took 40-51 s in CI, not 1.
+            if (!frameGuard)
+                options.ExtraArguments.Add("--no-frame-guard");
             return options;
         }
 
@@ -98,7 +102,7 @@ namespace Xlm.Sidecar.Tests
         /// (--parent-pid). pytest reads the pid and watches the daemon go.</summary>
         public static int LaunchAndCrash()
         {
-            var daemon = SidecarProcess.StartAsync(Options()).GetAwaiter().GetResult();
+            var daemon = SidecarProcess.StartAsync(Options(frameGuard: true)).GetAwaiter().GetResult();  // as a game gets it
             Console.WriteLine("DAEMON_PID " + daemon.ProcessId);
             Console.Out.Flush();
             Environment.Exit(17); // no Dispose, no StopAsync: as a crash would leave it
