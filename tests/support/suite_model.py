@@ -1,10 +1,13 @@
 """The model the suite's daemons and engines serve: the bundled SmolLM2-135M, requantized to Q4_0.
 
 The bundled file is Q4_1, which llama.cpp's CPU backend computes token by token; Q4_0 it repacks
-into kernels that compute several tokens at once (README, "Your own model"). Most of the suite's
-CPU time is the model's passes (prompts, crowds, embeddings), so the suite serves Q4_0. Measured on
-the 2-core Xeon, one thread: a 400-token prompt 2,951 ms in Q4_1, 1,249 ms in Q4_0; a decoded token
-19.8 against 17.2 ms; the first part of ./scripts/test 502-533 s against 458 s.
+(on AVX2 and AVX-512; not in test-other-kernels' AVX build) into kernels that compute several
+tokens at once (README, "Your own model"). Most of the suite's CPU time is the model's passes
+(prompts, crowds, embeddings), so the suite serves Q4_0. Measured on the 2-core Xeon, one thread:
+a 400-token prompt 2,951 ms in Q4_1, 1,249 ms in Q4_0; a decoded token 19.8 against 17.2 ms;
+tests/engine/test_prefix_sharing.py 104-125 s against 72-78 s. The whole first part of
+./scripts/test, 502-533 s before and 455-458 s after in two runs each, varies more than that
+from run to run on a shared machine (603 s once after; CI 511 s before, 532 s after).
 
 It is the same network, vocabulary and chat template, so what the tests check (the mechanism,
 never the words) holds for both. Tests about the bundled file itself (its header, the frozen
