@@ -129,7 +129,8 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     """Tests that load no model and start no process are marked `fast` (tiers.py): `./scripts/test
     --fast` runs only them. The GPU-device tests run last: registering the RPC device is for the
     life of the process (ggml has no way to take a device out of its registry), and every test
-    after it would see a GPU-type device where it expects this machine as it is."""
+    after it would see a GPU-type device where it expects this machine as it is. Under xdist,
+    scripts/pytest-parts hands modules out in this order, so they end the worker that runs them."""
     mark_fast(items)
     mark_alone(items)
     gpu = [i for i in items if "tests/gpu/" in i.nodeid or i.nodeid.startswith("gpu/")]

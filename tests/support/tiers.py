@@ -101,10 +101,11 @@ def mark_fast(items: list[pytest.Item]) -> None:
 # Tests that must have the machine to themselves. `./scripts/test` runs the rest two at a time
 # (pytest-xdist, a worker per core, whole modules to one worker so their daemons are shared) and
 # these afterwards in one process, because they measure the machine or change the process:
+# (Not tests/gpu/: ggml's device registry lives as long as the process, so once a worker has
+# registered an RPC device every later test in it would see a GPU-type device. conftest collects
+# them last and scripts/pytest-parts hands modules out in collection order, so a worker that
+# starts on them runs nothing else after.)
 ALONE = (
-    # ggml's device registry lives as long as the process: once an RPC device is registered,
-    # every later test in that worker would see a GPU-type device (conftest runs these last).
-    "tests/gpu/",
     # Machine profiles time the CPU, memory and the loaded PC: the other worker's load would be
     # measured as the player's game.
     "tests/profiler/",
