@@ -21,6 +21,7 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
+from support.suite_model import bundled_model_flags
 from support.daemons import RunningDaemon, start_daemon, stop_daemon
 from support.no_early_stop import default_eog_ids, grpc_bias
 from sidecar.api import pb
@@ -36,12 +37,6 @@ from sidecar.service.core import ServiceInfo, SidecarService
 from sidecar.service.ram_budget import MemoryShares
 from sidecar.service.state import DaemonState, StateHub
 from sidecar.settings import Settings
-
-from sidecar.model_info.default_model import default_model_path
-
-# The bundled Q4_1 file: a budget is about what the shipped model holds, and the suite's Q4_0 copy
-# (suite_model.py) is repacked by llama.cpp into a second buffer beside its mapped file.
-BUNDLED = ("--model", str(default_model_path()))
 
 CTX = 1024
 STREAMS = 4
@@ -71,7 +66,7 @@ SMALL_MIB = smallest_budget_mib(2)
 
 @pytest.fixture(scope="module")
 def ram_daemon() -> Iterator[RunningDaemon]:
-    running = start_daemon(*BUNDLED, "--budget", "0", "--ctx", str(CTX), "--ram-budget", f"{LAUNCH_MIB}M",
+    running = start_daemon(*bundled_model_flags(), "--budget", "0", "--ctx", str(CTX), "--ram-budget", f"{LAUNCH_MIB}M",
                            "--stream-interval-ms", "0")
     yield running
     stop_daemon(running)
@@ -181,7 +176,7 @@ def test_the_process_comes_back_under_a_lowered_budget_once_replies_end() -> Non
     # measurement takes memory of its own for a while.
     budget_mib, npcs = 420, 8
     assert Settings(ram_budget=f"{budget_mib}M").sequences() == 1
-    daemon = start_daemon(*BUNDLED, "--budget", "0", "--stream-interval-ms", "0", "--profile", "off")
+    daemon = start_daemon(*bundled_model_flags(), "--budget", "0", "--stream-interval-ms", "0", "--profile", "off")
     try:
         with daemon.client(timeout_s=300) as client:
             streams = [Stream(client, no_end_request(20 + i)) for i in range(npcs)]
@@ -208,7 +203,7 @@ def test_evicted_sessions_let_go_under_a_lowered_budget_leave_the_process() -> N
     # glibc kept in its heap when no shrink of the KV followed to trim it: 477 MiB resident under
     # 420M before (one sequence allocated, so nothing to shrink).
     budget_mib = 420
-    daemon = start_daemon(*BUNDLED, "--budget", "0", "--parallel", "1", "--profile", "off")
+    daemon = start_daemon(*bundled_model_flags(), "--budget", "0", "--parallel", "1", "--profile", "off")
     try:
         with daemon.client(timeout_s=300) as client:
             # One long persona shared by all (computed once: the prefix cache), each session's

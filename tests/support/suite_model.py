@@ -7,7 +7,7 @@ tokens at once (README, "Your own model"). Most of the suite's CPU time is the m
 a 400-token prompt 2,951 ms in Q4_1, 1,249 ms in Q4_0; a decoded token 19.8 against 17.2 ms;
 tests/engine/test_prefix_sharing.py 104-125 s against 72-78 s. The whole first part of
 ./scripts/test, 502-533 s before and 455-458 s after in two runs each, varies more than that
-from run to run on a shared machine (603 s once after; CI 511 s before, 532 s after).
+from run to run on a shared machine (603 s once after; CI 511 s before, then 532 s and 475 s).
 
 It is the same network, vocabulary and chat template, so what the tests check (the mechanism,
 never the words) holds for both. Tests about the bundled file itself (its header, the frozen
@@ -28,8 +28,6 @@ from sidecar.model_info.default_model import default_model_path
 @functools.cache
 def suite_model_path() -> Path:
     """XLM_SUITE_MODEL=bundled runs the suite on the bundled file itself (the Q4_1 kernels)."""
-    import llama_cpp
-
     source = default_model_path()
     if os.environ.get("XLM_SUITE_MODEL") == "bundled":
         return source
@@ -37,6 +35,8 @@ def suite_model_path() -> Path:
     target = folder / source.name.replace(".Q4_1.", ".Q4_0.")
     if target.is_file():
         return target
+    import llama_cpp
+
     folder.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(f"{target.name}.{os.getpid()}.part")
     params = llama_cpp.llama_model_quantize_default_params()
@@ -47,3 +47,10 @@ def suite_model_path() -> Path:
         raise RuntimeError(f"llama_model_quantize could not requantize {source} to Q4_0")
     os.replace(partial, target)
     return target
+
+
+def bundled_model_flags() -> tuple[str, str]:
+    """`--model` the bundled Q4_1 file, for a test daemon whose subject is that file: what it holds
+    under a RAM budget (llama.cpp keeps a repacked Q4_0 model's weights twice, the mapped file and
+    the repacked copy, so the suite's copy would measure another model)."""
+    return ("--model", str(default_model_path()))

@@ -100,8 +100,7 @@ def mark_fast(items: list[pytest.Item]) -> None:
 
 # Tests that must have the machine to themselves. `./scripts/test` runs the rest two at a time
 # (pytest-xdist, a worker per core, whole modules to one worker so their daemons are shared) and
-# these afterwards in one process, because they measure the machine or change the process:
-# (Not tests/gpu/: ggml's device registry lives as long as the process, so once a worker has
+# these afterwards in one process, because they measure the machine. (Not tests/gpu/: ggml's device registry lives as long as the process, so once a worker has
 # registered an RPC device every later test in it would see a GPU-type device. conftest collects
 # them last and scripts/pytest-parts hands modules out in collection order, so a worker that
 # starts on them runs nothing else after.)

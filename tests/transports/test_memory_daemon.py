@@ -12,8 +12,8 @@ import grpc
 import pytest
 
 from sidecar.api import pb
-from sidecar.model_info.default_model import default_model_path
 from support.daemons import RunningDaemon, start_daemon, stop_daemon
+from support.suite_model import bundled_model_flags
 from support.no_early_stop import default_eog_ids, grpc_sampling
 from support.bridge import BridgeClient
 
@@ -211,8 +211,7 @@ def test_a_ram_budget_too_small_for_the_embedding_model_finds_memories_by_words(
     # --ctx 4096 (SmolLM2: 94 MB of KV a conversation): 512M holds one conversation, and not the
     # embedding model beside it (memory/footprint.py); 1G holds both. The bundled Q4_1 file: the
     # suite's Q4_0 copy is 10 MB smaller, enough for both at 512M.
-    small = start_daemon("--budget", "0", "--ram-budget", "512M", "--stream-interval-ms", "0",
-                         "--model", str(default_model_path()))
+    small = start_daemon(*bundled_model_flags(), "--budget", "0", "--ram-budget", "512M", "--stream-interval-ms", "0")
     try:
         with small.client(timeout_s=120) as c:
             c.remember(["The smith's sister is called Mira."], scope="smith")
