@@ -36,7 +36,6 @@ import llama_cpp
 import structlog
 
 from sidecar.backend.engine_config import EngineConfig
-from sidecar.backend.load_report import parse_load_log
 from sidecar.native.ggml_devices import devices_memory
 from sidecar.native.log_capture import install_native_log_filter
 from sidecar.backend.contract import BackendSnapshot, RequestLimits, ServedLimits
@@ -47,7 +46,7 @@ from sidecar.engine.prefix.prefix_sharing import PrefixSharing
 from sidecar.engine.prompts.prompt_build import BuiltPrompt, build_prompt
 from sidecar.engine.prompts.prompt_prep import PrepSettings, PromptPrep
 from sidecar.engine.scheduling.packing import packing_moves, swap
-from sidecar.engine.loading import context_for, load_model_and_context
+from sidecar.engine.loading import context_for, load_model_and_context, load_report_of
 from sidecar.engine.session_saves import export_on_engine, import_on_engine, our_fingerprint
 from sidecar.engine.inbox import ImageReady, InboxMessage, Stop
 from sidecar.engine.admission import Admission
@@ -94,7 +93,7 @@ class Engine:
             self.ctx.close()
             self.ctx = context_for(self.model, config, config.n_seq)
             self.pool.start = self.pool.allocated = config.n_seq
-        self.load_report = parse_load_log(self.model.load_log + self.ctx.load_log)
+        self.load_report = load_report_of(self.model, self.ctx)
         self.facts = self.model.facts()
         self._inbox: queue.Queue[InboxMessage] = queue.Queue()
         self.images = ImageEncodes(wake=self.wake)

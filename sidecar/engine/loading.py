@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from sidecar.backend.engine_config import EngineConfig
+from sidecar.backend.load_report import LoadReport, parse_load_log
 from sidecar.native.context import NativeContext
 from sidecar.native.model import NativeModel
 
@@ -38,3 +41,9 @@ def context_for(model: NativeModel, config: EngineConfig, n_seq: int) -> NativeC
         kv_type=config.kv_type,
         n_outputs_max=config.n_outputs_max,
     )
+
+
+def load_report_of(model: NativeModel, ctx: NativeContext) -> LoadReport:
+    """What llama.cpp logged it allocated for this model and context, less the mapped weights
+    given back once copied out (native/mapped_weights.py)."""
+    return replace(parse_load_log(model.load_log + ctx.load_log), mapped_released_bytes=model.released_mapped_bytes)

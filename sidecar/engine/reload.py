@@ -21,10 +21,9 @@ from typing import TYPE_CHECKING
 import structlog
 
 from sidecar.backend.engine_config import EngineConfig, same_placement
-from sidecar.backend.load_report import parse_load_log
 from sidecar.backend.phase import EnginePhase
 from sidecar.engine.jump_forward import ForcedText
-from sidecar.engine.loading import load_model_and_context
+from sidecar.engine.loading import load_model_and_context, load_report_of
 from sidecar.engine.kv_resizing import shrink_to_ceiling
 from sidecar.engine.memory_trim import release_freed_memory
 from sidecar.errors import EngineFailure, FailedPrecondition, SidecarError
@@ -85,7 +84,7 @@ def _reload(engine: Engine, request: ReloadRequest) -> None:
             # The KV's ceiling follows the new configuration here too: growth read config.n_seq
             # and a lowered budget's shrink read the pool's, which only the in-place path moved.
             engine.pool.take_ceiling(request.config)
-            engine.load_report = parse_load_log(engine.model.load_log + engine.ctx.load_log)
+            engine.load_report = load_report_of(engine.model, engine.ctx)
             engine.model_generation += 1  # prompts built with the old tokenizer are built again
         except SidecarError as e:
             log.error("reload failed; restoring the previous configuration", error=str(e))

@@ -21,6 +21,7 @@ from sidecar.model_info.model import TensorInfo
 
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9
+DEFAULT_ALIGNMENT = 32  # GGUF's, when general.alignment is absent
 
 
 class _Cursor:
@@ -67,6 +68,19 @@ class _Cursor:
 def read_header(path: str | os.PathLike[str]) -> tuple[dict[str, Any], tuple[TensorInfo, ...]]:
     """(metadata, tensors) as gguf_reader's _fields and _tensors give them: tokenizer arrays are
     left out, but for "__n_tokens", the vocabulary's length."""
+    meta, tensors, _ = _read(path)
+    return meta, tensors
+
+
+def tensor_spans(path: str | os.PathLike[str]) -> dict[str, tuple[int, int]]:
+    """{tensor name: (offset in the file, bytes)}: where each weight lies, for giving back the pages
+    of those llama.cpp copies out of its mapping (native/mapped_weights.py)."""
+    _, tensors, offsets = _read(path)
+    return {t.name: (offset, t.n_bytes) for t, offset in zip(tensors, offsets)}
+
+
+def _read(path: str | os.PathLike[str]) -> tuple[dict[str, Any], tuple[TensorInfo, ...], tuple[int, ...]]:
+    """The metadata, the tensor infos and each tensor's offset in the file."""
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
         c = _Cursor(buf)
         if bytes(buf[:4]) != b"GGUF":
@@ -87,15 +101,18 @@ def read_header(path: str | os.PathLike[str]) -> tuple[dict[str, Any], tuple[Ten
                 meta["__n_tokens"] = value
             elif not skip:
                 meta[key] = value
-        tensors = []
+        tensors, relative = [], []
         for _ in range(n_tensors):
             name = c.string()
             dims = tuple(c.unpack("<Q") for _ in range(c.unpack("<I")))
             type_id = c.unpack("<I")
-            c.unpack("<Q")  # offset of the data
+            relative.append(c.unpack("<Q"))  # from the start of the data section
             block, size = GGML_QUANT_SIZES[GGMLQuantizationType(type_id)]
             n = 1
             for d in dims:
                 n *= d
             tensors.append(TensorInfo(name=name, ggml_type=type_name_of(type_id), shape=dims, n_bytes=n * size // block))
-        return meta, tuple(tensors)
+        # The data section starts at the next multiple of general.alignment after the tensor infos.
+        alignment = int(meta.get("general.alignment", DEFAULT_ALIGNMENT))
+        data = -(-c.pos // alignment) * alignment
+        return meta, tuple(tensors), tuple(data + r for r in relative)

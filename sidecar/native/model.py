@@ -12,14 +12,17 @@ import os
 from pathlib import Path
 
 import llama_cpp
+import structlog
 
 from sidecar.native.chat_template import TemplateError, render_jinja_template
 from sidecar.native.log_capture import capture_native_log
+from sidecar.native.mapped_weights import FileMapping, file_mappings, release_copied_out
 from sidecar.native.tensor_overrides import TensorOverrides
 from sidecar.backend.contract import ModelFacts
 from sidecar.errors import InvalidArgument, ModelLoadError
 
 GGUF_MAGIC = b"GGUF"
+log = structlog.get_logger("model")
 
 
 def check_gguf_file(path: Path) -> None:
@@ -46,7 +49,6 @@ class NativeModel:
         *,
         n_gpu_layers: int = 0,
         tensor_overrides: tuple[tuple[str, str], ...] = (),
-        use_mmap: bool = True,
     ) -> None:
         """Load `path`. n_gpu_layers: whole layers to place on the GPU (before the overrides);
         tensor_overrides: (regex, "CPU" | ggml device name) pairs, first match wins."""
@@ -54,10 +56,10 @@ class NativeModel:
         llama_cpp.llama_backend_init()
         params = llama_cpp.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers
-        params.use_mmap = use_mmap
         overrides = TensorOverrides(tensor_overrides)
         params.tensor_buft_overrides = overrides.pointer
         self.path = path
+        mapped_before = file_mappings(path)
         with capture_native_log() as load_log:
             self.ptr = llama_cpp.llama_model_load_from_file(os.fsencode(path), params)
         self.load_log = load_log
@@ -66,11 +68,25 @@ class NativeModel:
                 f"llama.cpp could not load {path}: the file may be truncated, of an unsupported "
                 "architecture, or not a language model (see the llama.cpp log lines above)"
             )
+        # Bytes of the file's mapping given back because llama.cpp copied their weights out
+        # (repacked, or on a GPU): what the mapped buffer no longer holds in RAM.
+        self.released_mapped_bytes = self._release_copied_out(mapped_before)
         self.vocab = llama_cpp.llama_model_get_vocab(self.ptr)
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self.vocab)
         self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self.vocab))
         self._piece_buf = ctypes.create_string_buffer(256)
         self.chat_template = self._meta("tokenizer.chat_template")
+
+    def _release_copied_out(self, mapped_before: frozenset[FileMapping]) -> int:
+        try:
+            released = release_copied_out(self.path, mapped_before, self.load_log,
+                                          int(llama_cpp.llama_model_n_layer(self.ptr)))
+        except (OSError, ValueError) as e:  # a header our reader does not know: the weights stay twice
+            log.warning("mapped weights not given back", path=str(self.path), error=str(e))
+            return 0
+        if released:
+            log.info("gave back mapped weights llama.cpp copied out", mib=round(released / (1 << 20), 1))
+        return released
 
     def close(self) -> None:
         if self.ptr:

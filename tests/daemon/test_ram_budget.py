@@ -13,7 +13,6 @@ import threading
 import psutil
 import pytest
 
-from support.suite_model import bundled_model_flags
 from support.daemons import start_daemon, stop_daemon
 from sidecar.api import pb
 from sidecar.errors import InvalidArgument
@@ -40,7 +39,7 @@ def test_the_refusal_names_a_budget_that_is_accepted() -> None:
     assert Settings(ram_budget=f"{need}M").sequences() == 1
     with pytest.raises(InvalidArgument, match=f"needs: {need} MiB"):
         Settings(ram_budget=f"{need - 1}M").sequences()
-    daemon = start_daemon(*bundled_model_flags(), "--budget", "0", "--ram-budget", f"{need}M")
+    daemon = start_daemon("--budget", "0", "--ram-budget", f"{need}M")
     try:
         with daemon.client(timeout_s=60) as client:
             memory = client.status().memory
@@ -50,7 +49,7 @@ def test_the_refusal_names_a_budget_that_is_accepted() -> None:
 
 
 def test_the_daemon_keeps_inside_its_ram_budget_through_a_crowd() -> None:
-    daemon = start_daemon(*bundled_model_flags(), "--budget", "0", "--ram-budget", f"{BUDGET_MB}M")
+    daemon = start_daemon("--budget", "0", "--ram-budget", f"{BUDGET_MB}M")
     try:
         process = psutil.Process(daemon.process.pid)
         with daemon.client(timeout_s=180) as client:
@@ -97,7 +96,7 @@ def test_the_daemon_keeps_inside_its_ram_budget_through_a_crowd() -> None:
 
 @pytest.mark.parametrize("flags, grows", [((), True), (("--parallel", "3"), False)])
 def test_without_a_budget_the_kv_starts_small_and_grows_with_demand(flags, grows) -> None:
-    daemon = start_daemon(*bundled_model_flags(), "--budget", "0", "--ctx", "1024", *flags)
+    daemon = start_daemon("--budget", "0", "--ctx", "1024", *flags)
     try:
         with daemon.client(timeout_s=180) as client:
             start = client.status().memory

@@ -21,7 +21,6 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
-from support.suite_model import bundled_model_flags
 from support.daemons import RunningDaemon, start_daemon, stop_daemon
 from support.no_early_stop import default_eog_ids, grpc_bias
 from sidecar.api import pb
@@ -66,7 +65,7 @@ SMALL_MIB = smallest_budget_mib(2)
 
 @pytest.fixture(scope="module")
 def ram_daemon() -> Iterator[RunningDaemon]:
-    running = start_daemon(*bundled_model_flags(), "--budget", "0", "--ctx", str(CTX), "--ram-budget", f"{LAUNCH_MIB}M",
+    running = start_daemon("--budget", "0", "--ctx", str(CTX), "--ram-budget", f"{LAUNCH_MIB}M",
                            "--stream-interval-ms", "0")
     yield running
     stop_daemon(running)
@@ -176,7 +175,7 @@ def test_the_process_comes_back_under_a_lowered_budget_once_replies_end() -> Non
     # measurement takes memory of its own for a while.
     budget_mib, npcs = 420, 8
     assert Settings(ram_budget=f"{budget_mib}M").sequences() == 1
-    daemon = start_daemon(*bundled_model_flags(), "--budget", "0", "--stream-interval-ms", "0", "--profile", "off")
+    daemon = start_daemon("--budget", "0", "--stream-interval-ms", "0", "--profile", "off")
     try:
         with daemon.client(timeout_s=300) as client:
             streams = [Stream(client, no_end_request(20 + i)) for i in range(npcs)]
@@ -203,7 +202,7 @@ def test_evicted_sessions_let_go_under_a_lowered_budget_leave_the_process() -> N
     # glibc kept in its heap when no shrink of the KV followed to trim it: 477 MiB resident under
     # 420M before (one sequence allocated, so nothing to shrink).
     budget_mib = 420
-    daemon = start_daemon(*bundled_model_flags(), "--budget", "0", "--parallel", "1", "--profile", "off")
+    daemon = start_daemon("--budget", "0", "--parallel", "1", "--profile", "off")
     try:
         with daemon.client(timeout_s=300) as client:
             # One long persona shared by all (computed once: the prefix cache), each session's

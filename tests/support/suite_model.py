@@ -11,7 +11,9 @@ from run to run on a shared machine (603 s once after; CI 511 s before, then 532
 
 It is the same network, vocabulary and chat template, so what the tests check (the mechanism,
 never the words) holds for both. Tests about the bundled file itself (its header, the frozen
-build, what it costs in RAM under a budget) name `default_model_path()`. The quantization is
+build, the size a RAM budget is cut to) name `default_model_path()`. The RAM-budget tests serve
+the Q4_0 copy: llama.cpp keeps its repacked weights twice unless the daemon gives the mapped copy
+back (native/mapped_weights.py), so they check that too. The quantization is
 llama.cpp's own (`llama_model_quantize`, 1 s), done once per test process into the run's cache
 folder (conftest's XDG_CACHE_HOME), written beside and renamed so a reader never sees half a file.
 """
@@ -50,7 +52,6 @@ def suite_model_path() -> Path:
 
 
 def bundled_model_flags() -> tuple[str, str]:
-    """`--model` the bundled Q4_1 file, for a test daemon whose subject is that file: what it holds
-    under a RAM budget (llama.cpp keeps a repacked Q4_0 model's weights twice, the mapped file and
-    the repacked copy, so the suite's copy would measure another model)."""
+    """`--model` the bundled Q4_1 file, for a test daemon whose subject is that file's size: a RAM
+    budget that holds it beside one conversation and not an embedding model too."""
     return ("--model", str(default_model_path()))

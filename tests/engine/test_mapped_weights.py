@@ -1,0 +1,74 @@
+"""Pages of the model file that llama.cpp copied out (repacked, or on a GPU) leave the process's
+memory; those of the weights it still computes from stay (sidecar/native/mapped_weights.py)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from sidecar.backend.load_report import parse_load_log
+from sidecar.model_info.gguf_header import tensor_spans
+from sidecar.native.mapped_weights import FileMapping, _runs, copied_out, file_mappings
+from sidecar.native.model import NativeModel
+
+linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/smaps is Linux's")
+
+
+def test_runs_join_neighbours_and_stop_at_a_weight_still_read() -> None:
+    spans = {"a": (0, 100), "b": (128, 100), "keep": (256, 64), "c": (320, 10), "d": (512, 32)}
+    assert _runs(spans, frozenset({"a", "b", "c", "d"})) == [(0, 228), (320, 544)]
+    assert _runs(spans, frozenset({"keep"})) == [(256, 320)]
+    assert _runs(spans, frozenset()) == []
+
+
+def test_repacked_weights_and_weights_on_a_gpu_are_copied_out() -> None:
+    log = [
+        "load_tensors: layer   0 assigned to device CPU, is_swa = 0\n",
+        "load_tensors: layer   1 assigned to device RPC0, is_swa = 0\n",
+        "load_tensors: layer   2 assigned to device CPU, is_swa = 0\n",
+        "tensor blk.1.ffn_up.weight (1 MiB q4_0) buffer type overridden to CPU\n",
+        "repack: repack tensor blk.0.attn_q.weight with q4_0_8x8\n",
+    ]
+    names = ["token_embd.weight", "blk.0.attn_q.weight", "blk.0.ffn_up.weight", "blk.1.attn_q.weight",
+             "blk.1.ffn_up.weight", "blk.2.attn_q.weight", "output.weight"]
+    # Layer 2 is the output layer (n_layer 2), on the CPU: output.weight stays in the mapping.
+    assert copied_out(log, names, n_layer=2) == {"blk.0.attn_q.weight", "blk.1.attn_q.weight"}
+
+
+@linux_only
+def test_a_loaded_model_keeps_in_ram_only_the_mapped_pages_it_reads(smollm2_path: Path) -> None:
+    before = file_mappings(smollm2_path)
+    model = NativeModel(smollm2_path)
+    try:
+        mine = file_mappings(smollm2_path) - before
+        assert mine, "llama.cpp maps the model file (its default load mode)"
+        repacked = parse_load_log(model.load_log).model_bytes.get("CPU_REPACK", 0)
+        mapped = sum(m.end - m.start for m in mine)
+        resident = _resident_bytes(mine)
+        if not repacked:
+            # This CPU (or build) repacks nothing: every mapped weight is read, none given back.
+            assert model.released_mapped_bytes == 0
+            return
+        spans = tensor_spans(smollm2_path)
+        names = copied_out(model.load_log, list(spans), int(model.facts().layers))
+        copied_bytes = sum(spans[n][1] for n in names)
+        # What was given back is the copied-out tensors' bytes, to whole pages at each run's ends.
+        assert 0.95 * copied_bytes <= model.released_mapped_bytes <= copied_bytes
+        assert resident <= mapped - model.released_mapped_bytes
+    finally:
+        model.close()
+
+
+def _resident_bytes(mappings: frozenset[FileMapping]) -> int:
+    """Rss of these mappings in this process, as /proc/self/smaps counts it."""
+    starts = {m.start for m in mappings}
+    total, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split(maxsplit=1)[0]
+        if "-" in head and not head.endswith(":"):
+            inside = int(head.split("-")[0], 16) in starts
+        elif inside and head == "Rss:":
+            total += int(line.split()[1]) * 1024
+    return total
