@@ -93,11 +93,17 @@ def release_copied_out(path: Path, before: frozenset[FileMapping], load_log: lis
     gone = copied_out(load_log, list(spans), n_layer)
     if not gone:
         return 0
+    return give_back(mappings, _runs(spans, gone))
+
+
+def give_back(mappings: frozenset[FileMapping], runs: list[tuple[int, int]]) -> int:
+    """madvise(MADV_DONTNEED) the whole pages of each file range in `runs` wherever `mappings`
+    show it. Returns the bytes given back."""
     page = os.sysconf("SC_PAGE_SIZE")
     libc = ctypes.CDLL(None, use_errno=True)
     libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
     released = 0
-    for first, last in _runs(spans, gone):
+    for first, last in runs:
         for m in mappings:
             low = max(first, m.offset)
             high = min(last, m.offset + (m.end - m.start))

@@ -10,7 +10,7 @@ import pytest
 
 from sidecar.backend.load_report import parse_load_log
 from sidecar.model_info.gguf_header import tensor_spans
-from sidecar.native.mapped_weights import FileMapping, _runs, copied_out, file_mappings
+from sidecar.native.mapped_weights import FileMapping, _runs, copied_out, file_mappings, give_back
 from sidecar.native.model import NativeModel
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/smaps is Linux's")
@@ -72,3 +72,21 @@ def _resident_bytes(mappings: frozenset[FileMapping]) -> int:
         elif inside and head == "Rss:":
             total += int(line.split()[1]) * 1024
     return total
+
+
+@linux_only
+def test_given_back_pages_leave_memory_and_read_back_the_same(tmp_path: Path) -> None:
+    import mmap
+
+    page = mmap.PAGESIZE
+    path = tmp_path / "weights.bin"
+    path.write_bytes(bytes(range(256)) * (16 * page // 256))  # 16 pages
+    with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as view:
+        assert sum(view[i * page] for i in range(16)) >= 0  # fault every page in
+        mine = file_mappings(path)
+        assert len(mine) == 1 and _resident_bytes(mine) == 16 * page
+        # Pages 2..5 whole, and a range that starts and ends inside pages 8 and 11: 9 and 10 go.
+        released = give_back(mine, [(2 * page, 6 * page), (8 * page + 5, 11 * page + 5)])
+        assert released == 6 * page
+        assert _resident_bytes(mine) == 10 * page
+        assert view[:] == path.read_bytes()  # a page touched again is the file's, as before
