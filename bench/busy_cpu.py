@@ -46,7 +46,7 @@ def scenario(args: argparse.Namespace) -> dict:
     from sidecar.lifecycle.daemon_process import start_daemon, stop_daemon
 
     args.tokens = args.tokens or (16 if args.quick else 64)
-    daemon = start_daemon("--stream-interval-ms", "33", drain=False)
+    daemon = start_daemon("--model", str(args.model_path), "--stream-interval-ms", "33", drain=False)
     listening = next(e for e in daemon.log_lines if e.get("event") == "listening")
     print("plan: tier threads", listening.get("tier_threads"), "planned", listening.get("planned"))
     results: dict[str, list[float]] = {"governor": [], "by hand": []}

@@ -139,7 +139,7 @@ def scenario(args: argparse.Namespace) -> dict:
     turns = args.turns or (8 if args.quick else 30)
     out: dict = {"retrieval": {}, "cost": {}}
     for name, extra in (("all-MiniLM-L6-v2", ()), ("words", ("--embedding-model", "words")), ("off", ("--no-memory",))):
-        daemon = start_daemon(*ARGS, *extra, "--profile", "off")
+        daemon = start_daemon("--model", str(args.model_path), *ARGS, *extra, "--profile", "off")
         try:
             with daemon.client(timeout_s=600) as client:
                 if name == "off":

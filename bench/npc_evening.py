@@ -29,7 +29,7 @@ def scenario(args: argparse.Namespace) -> dict:
     from sidecar.lifecycle.daemon_process import start_daemon, stop_daemon
 
     args.turns = args.turns or (5 if args.quick else 50)
-    daemon = start_daemon("--stream-interval-ms", "33")
+    daemon = start_daemon("--model", str(args.model_path), "--stream-interval-ms", "33")
     answered = failed = 0
     new_tokens, ttft, dropped = [], [], 0
     try:

@@ -93,7 +93,7 @@ def scenario(args: argparse.Namespace) -> dict:
     from sidecar.lifecycle.daemon_process import start_daemon, stop_daemon
 
     tokens = args.reply_tokens or (48 if args.quick else 160)
-    flags = ("--ctx", str(CTX), "--max-prompt-tokens", str(LIMIT), "--parallel", str(STREAMS + 1),
+    flags = ("--model", str(args.model_path), "--ctx", str(CTX), "--max-prompt-tokens", str(LIMIT), "--parallel", str(STREAMS + 1),
              "--stream-interval-ms", "0", "--profile", "off", "--no-websocket")
     flags += ("--no-frame-guard",) if args.no_frame_guard else ()
     sides = {"this tree": start_daemon(*flags)}

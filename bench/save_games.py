@@ -73,7 +73,7 @@ def scenario(args: argparse.Namespace) -> dict:
 
     out: dict = {"npcs": n, "turn_tokens": turn_tokens}
     conversations: dict[int, list[tuple[str, str]]] = {}
-    a = start_daemon(*ARGS)
+    a = start_daemon("--model", str(args.model_path), *ARGS)
     try:
         with a.client(timeout_s=600) as c:
             count = lambda text: len(c.tokenize(text))  # noqa: E731
@@ -108,7 +108,7 @@ def scenario(args: argparse.Namespace) -> dict:
     out["kv_bytes_per_npc"] = statistics.median(s.kv_bytes for s in with_kv.sessions)
     out["zlib"] = _zlib_figures(with_kv.data, text_only.data)
 
-    b = start_daemon(*ARGS)
+    b = start_daemon("--model", str(args.model_path), *ARGS)
     try:
         with b.client(timeout_s=600) as c:
             t0 = time.perf_counter()
