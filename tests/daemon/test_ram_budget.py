@@ -14,6 +14,7 @@ import psutil
 import pytest
 
 from support.daemons import start_daemon, stop_daemon
+from support.suite_model import suite_model_path
 from sidecar.api import pb
 from sidecar.errors import InvalidArgument
 from sidecar.settings import Settings
@@ -31,14 +32,16 @@ def test_a_budget_below_what_the_model_needs_is_refused_at_launch() -> None:
 def test_the_refusal_names_a_budget_that_is_accepted() -> None:
     # The caches' shares grow with the budget: the figure once named was the sum at the refused
     # budget, and that figure was refused too (issue 36, P8: "needs 358 MiB", 358M and 373M refused).
-    done = subprocess.run([sys.executable, "-m", "sidecar", "serve", "--port", "0", "--ram-budget", "300M"],
-                          capture_output=True, text=True, timeout=120)
+    # The model the daemon below serves (the suite's), so the figure is checked where it is named.
+    model = suite_model_path()
+    done = subprocess.run([sys.executable, "-m", "sidecar", "serve", "--port", "0", "--model", str(model),
+                           "--ram-budget", "300M"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2, done.stderr
     need = int(re.search(r"below what this model needs: (\d+) MiB", done.stderr)[1])
     assert f"--ram-budget {need}M holds one conversation" in done.stderr
-    assert Settings(ram_budget=f"{need}M").sequences() == 1
+    assert Settings(model=model, ram_budget=f"{need}M").sequences() == 1
     with pytest.raises(InvalidArgument, match=f"needs: {need} MiB"):
-        Settings(ram_budget=f"{need - 1}M").sequences()
+        Settings(model=model, ram_budget=f"{need - 1}M").sequences()
     daemon = start_daemon("--budget", "0", "--ram-budget", f"{need}M")
     try:
         with daemon.client(timeout_s=60) as client:

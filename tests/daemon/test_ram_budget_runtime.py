@@ -22,6 +22,7 @@ import grpc
 import pytest
 
 from support.daemons import RunningDaemon, start_daemon, stop_daemon
+from support.suite_model import suite_model_path
 from support.no_early_stop import default_eog_ids, grpc_bias
 from sidecar.api import pb
 from sidecar.backend.engine_config import EngineConfig
@@ -43,7 +44,7 @@ MAX_TOKENS = 48
 
 
 def sequences_for(mib: int) -> int:
-    return Settings(ctx=CTX, ram_budget=f"{mib}M").sequences()
+    return Settings(model=suite_model_path(), ctx=CTX, ram_budget=f"{mib}M").sequences()
 
 
 def smallest_budget_mib(holding: int) -> int:
@@ -174,7 +175,7 @@ def test_the_process_comes_back_under_a_lowered_budget_once_replies_end() -> Non
     # trimmed after a shrink), not sit in it. Without a measured profile, whose background
     # measurement takes memory of its own for a while.
     budget_mib, npcs = 420, 8
-    assert Settings(ram_budget=f"{budget_mib}M").sequences() == 1
+    assert Settings(model=suite_model_path(), ram_budget=f"{budget_mib}M").sequences() == 1
     daemon = start_daemon("--budget", "0", "--stream-interval-ms", "0", "--profile", "off")
     try:
         with daemon.client(timeout_s=300) as client:
@@ -292,7 +293,7 @@ def test_zero_removes_the_budget(ram_daemon) -> None:
         answer = set_ram(client, "0")
         memory = client.status().memory
         assert memory.ram_budget_bytes == 0
-        assert memory.kv_sequences_max == Settings(ctx=CTX).sequences() > 2
+        assert memory.kv_sequences_max == Settings(model=suite_model_path(), ctx=CTX).sequences() > 2
         assert answer.budget.vram_bytes == 0  # the VRAM budget is untouched
         assert answer.budget.ram_bytes == 0 and client.status().budget.ram_bytes == 0
         set_ram(client, f"{LAUNCH_MIB}M")
