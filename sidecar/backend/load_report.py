@@ -40,9 +40,6 @@ class LoadReport:
     # The KV cache's ggml types as llama.cpp allocated them ("F16", "Q8_0"); "" if not logged.
     kv_k_type: str = ""
     kv_v_type: str = ""
-    # Of the mapped model buffer ("CPU_Mapped"), the bytes given back because llama.cpp copied
-    # their weights out (native/mapped_weights.py): not in RAM, though the buffer spans them.
-    mapped_released_bytes: int = 0
 
     def tensor_device(self, tensor: str, n_layer: int, *, output: bool = False) -> str:
         """Where llama.cpp put one weight tensor: its override, else its layer's device. The
@@ -64,11 +61,7 @@ class LoadReport:
             for table in (self.model_bytes, self.kv_bytes, self.compute_bytes, self.output_bytes)
             for buft, n in table.items()
             if buffer_device(buft) == device
-        ) - (self.mapped_released_bytes if device == "CPU" else 0)
-
-    def host_model_bytes(self) -> int:
-        """The weights' bytes in host memory: every host model buffer, less what was given back."""
-        return sum(n for b, n in self.model_bytes.items() if not is_vram(b)) - self.mapped_released_bytes
+        )
 
     def by_device(self) -> dict[str, dict[str, int]]:
         """{device: {"model"|"kv"|"compute"|"output": bytes}}, devices as buffer_device names them."""
@@ -79,8 +72,6 @@ class LoadReport:
             for buft, n in table.items():
                 device = out.setdefault(buffer_device(buft), {"model": 0, "kv": 0, "compute": 0, "output": 0})
                 device[kind] += n
-        if "CPU" in out:
-            out["CPU"]["model"] -= self.mapped_released_bytes
         return out
 
     def vram_bytes(self) -> int:

@@ -43,7 +43,16 @@ def context_for(model: NativeModel, config: EngineConfig, n_seq: int) -> NativeC
     )
 
 
+# The host buffer llama.cpp computes from in the file's mapping, as its load log names it.
+MAPPED_BUFFER = "CPU_Mapped"
+
+
 def load_report_of(model: NativeModel, ctx: NativeContext) -> LoadReport:
-    """What llama.cpp logged it allocated for this model and context, less the mapped weights
-    given back once copied out (native/mapped_weights.py)."""
-    return replace(parse_load_log(model.load_log + ctx.load_log), mapped_released_bytes=model.released_mapped_bytes)
+    """What llama.cpp logged it allocated for this model and context, the mapped buffer counted by
+    what stays resident: less the pages given back once their weights were copied out
+    (native/mapped_weights.py), so every sum over the report (status, a device's bytes) sees it."""
+    report = parse_load_log(model.load_log + ctx.load_log)
+    if not model.released_mapped_bytes or MAPPED_BUFFER not in report.model_bytes:
+        return report
+    resident = max(0, report.model_bytes[MAPPED_BUFFER] - model.released_mapped_bytes)
+    return replace(report, model_bytes={**report.model_bytes, MAPPED_BUFFER: resident})

@@ -290,7 +290,7 @@ def status_to_pb(
         memory=pb.MemoryUse(
             host_resident_bytes=host_resident_bytes,
             # As llama.cpp reported its buffers at load: model weights by where they live.
-            model_host_bytes=snap.load_report.host_model_bytes(),
+            model_host_bytes=sum(n for b, n in snap.load_report.model_bytes.items() if not is_vram(b)),
             model_vram_bytes=sum(n for b, n in snap.load_report.model_bytes.items() if is_vram(b)),
             vram_used_bytes=snap.load_report.vram_bytes(),
             kv_cache_bytes=snap.kv_cache_bytes,
