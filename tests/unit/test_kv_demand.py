@@ -169,11 +169,17 @@ def test_a_restored_sequence_continues_in_a_bigger_context(smollm2_path) -> None
 def test_passes_beside_a_growth_are_not_taken_for_a_busy_cpu(smollm2_path, monkeypatch) -> None:
     """The context a growth makes beside the loop holds a core while it is allocated and cleared;
     the passes slowed meanwhile must not reach the thread governor (it lowered the cap for hundreds
-    of passes after each growth). The allocation is slowed here so that passes surely run beside it."""
+    of passes after each growth). The allocation is held here until the long reply has gone on for
+    a few passes, so that passes surely run beside it on a CPU of any speed (a fixed second was
+    shorter than the whole reply where a token takes 4 ms)."""
     made = kv_demand.context_for
+    streams: list = []  # the long reply's stream, once submitted
 
     def slow_context_for(*args, **kwargs):
-        time.sleep(1.0)
+        deltas = streams[0][0]
+        seen_then, deadline = len(deltas), time.monotonic() + 30
+        while len(deltas) < seen_then + 10 and time.monotonic() < deadline:
+            time.sleep(0.005)
         return made(*args, **kwargs)
 
     monkeypatch.setattr(kv_demand, "context_for", slow_context_for)
@@ -195,7 +201,9 @@ def test_passes_beside_a_growth_are_not_taken_for_a_busy_cpu(smollm2_path, monke
     monkeypatch.setattr(engine._governor, "record", spy_record)
     try:
         long = SamplingConfig(temperature=0.0, repeat_penalty=1.0, logit_bias=engine_bias(engine_eog_ids(engine)))
-        first = submit(engine, GenerationSpec(prompt=Prompt(text="Once upon a time"), sampling=long, max_tokens=160))
+        # Long enough to outlast the held growth by hundreds of passes.
+        first = submit(engine, GenerationSpec(prompt=Prompt(text="Once upon a time"), sampling=long, max_tokens=400))
+        streams.append(first)
         wait_started(first)
         later = [submit(engine, GenerationSpec(prompt=Prompt(text=f"Story {i}:"), sampling=GREEDY, max_tokens=4))
                  for i in range(2)]
