@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -16,11 +14,14 @@ from sidecar.model_info.gguf_header import read_header
 
 
 @pytest.fixture(scope="module")
-def models(smollm2_path, tmp_path_factory) -> list[Path]:
-    out = tmp_path_factory.mktemp("models")
-    subprocess.run([sys.executable, "-m", "sidecar", "testmodels", "--out", str(out), "--which", "tiny_llama",
-                    "--which", "tiny_qwen3moe", "--which", "siglip_projector"], check=True, capture_output=True)
-    return [smollm2_path, *sorted(out.glob("*.gguf"))]
+def models(smollm2_path, model_files, tmp_path_factory) -> list[Path]:
+    from sidecar.testmodels.projector import write_siglip_projector
+
+    tiny = model_files("tiny_llama", "tiny_qwen3moe")
+    # A SigLIP-class projector's header at 2 layers: the full one (27) is the same keys and tensor
+    # kinds in 850 MB, 10 s of the suite's time to write.
+    siglip = write_siglip_projector(tmp_path_factory.mktemp("siglip") / "siglip2.gguf", n_layer=2, image_size=224)
+    return [smollm2_path, *tiny.values(), siglip]
 
 
 def test_the_fast_reader_matches_gguf_py(models) -> None:
