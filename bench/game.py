@@ -88,13 +88,14 @@ class NpcLoad:
         with self.lock:
             return sum(1 for t in self.arrivals if t0 <= t <= t1) / (t1 - t0)
 
-    def first_token_ms(self, t0: float, t1: float) -> tuple[float, float]:
-        """p50 and p99 of the first-token times of requests sent between t0 and t1."""
+    def first_token_ms(self, t0: float, t1: float) -> tuple[float, float, int]:
+        """p50 and p99 of the first-token times of requests sent between t0 and t1, and how many
+        there were (none in a side shorter than a reply: --quick's 128-token replies outlast 3 s)."""
         with self.lock:
             times = sorted(ms for sent, ms in self.first_tokens if t0 <= sent <= t1)
         if not times:
-            return 0.0, 0.0
-        return times[len(times) // 2], times[min(len(times) - 1, int(len(times) * 0.99))]
+            return 0.0, 0.0, 0
+        return times[len(times) // 2], times[min(len(times) - 1, int(len(times) * 0.99))], len(times)
 
     def close(self) -> None:
         self.stop.set()
@@ -220,7 +221,8 @@ def _side(args, side: str, units: int, threads: int, seconds: float, folder: Pat
         if "report_errors" in played:  # the game's reports the daemon refused or did not answer
             figures["report_errors"] = played["report_errors"]
         figures["tokens_per_s"] = load.rate(t0, t1) if load else 0.0
-        figures["ttft_p50_ms"], figures["ttft_p99_ms"] = load.first_token_ms(t0, t1) if load else (0.0, 0.0)
+        figures["ttft_p50_ms"], figures["ttft_p99_ms"], figures["ttft_requests"] = (
+            load.first_token_ms(t0, t1) if load else (0.0, 0.0, 0))
         if load is not None:
             load.close()
             figures["npc_errors"] = len(load.errors)
@@ -272,7 +274,8 @@ def scenario(args: argparse.Namespace) -> dict:
 def _line(f: dict) -> str:
     return (f"p50 {f['p50']:.1f} p99 {f['p99']:.1f} p99.9 {f['p999']:.1f} ms, late {f['late_pct']:.2f}%, "
             f"hitches {f['hitch_pct']:.2f}%, {f['tokens_per_s']:.1f} tok/s, "
-            f"NPC first token p50 {f.get('ttft_p50_ms', 0):.0f} p99 {f.get('ttft_p99_ms', 0):.0f} ms"
+            + (f"NPC first token p50 {f['ttft_p50_ms']:.0f} p99 {f['ttft_p99_ms']:.0f} ms ({f['ttft_requests']} replies)"
+               if f.get("ttft_requests") else "NPC first token: no reply started in the side" if "npc_errors" in f else "no NPCs")
             + (f" | guard: {f['guard']['threads'] or 'plan'} threads, {f['guard']['source']}" if "guard" in f else ""))
 
 
@@ -289,7 +292,8 @@ def _table(threads: int, rows: dict[str, list[dict]]) -> None:
         if rs:
             print(f"  {side:24} {_median(rs, 'p50'):6.1f} {_median(rs, 'p99'):6.1f} {_median(rs, 'p999'):6.1f} "
                   f"{_median(rs, 'late_pct'):7.2f} {_median(rs, 'hitch_pct'):8.2f} {_median(rs, 'tokens_per_s'):7.1f}"
-                  f" {_median(rs, 'ttft_p50_ms'):16.0f} {_median(rs, 'ttft_p99_ms'):7.0f}")
+                  + (f" {_median(rs, 'ttft_p50_ms'):16.0f} {_median(rs, 'ttft_p99_ms'):7.0f}"
+                     if _median(rs, 'ttft_requests') else f" {'-':>16} {'-':>7}"))
     alone = rows.get("alone")
     off = rows.get("guard off")
     peer = rows.get("llama-server -t 1")
