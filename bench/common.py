@@ -233,6 +233,21 @@ def write_record(rec: dict, json_dir: Path) -> Path:
 LLAMA_CPP_PYTHON_SERVER_FLAGS = ("--interrupt_requests", "False")
 
 
+# The end-of-generation texts of the chat templates a game is likely to serve (SmolLM2's first).
+END_TEXTS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end|>", "</s>", "<reponame>")
+
+
+def end_token_ids(client) -> set[int]:
+    """The served model's end-of-generation tokens (each of END_TEXTS that is one token), for a
+    logit bias that bans them: replies of the same length on every side compare the same work."""
+    ids = set()
+    for text in END_TEXTS:
+        tokens = client.tokenize(text, add_special=False, parse_special=True)
+        if len(tokens) == 1:
+            ids.add(tokens[0])
+    return ids
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -33,7 +33,6 @@ SIDES = ("alone", "llama-server", "llama-server -t 1", "guard off", "guard on (r
 # Run by default: the last side is the guard's weaker priority lever (nice 19 instead of the idle
 # class), there to be measured against the default with --sides.
 DEFAULT_SIDES = SIDES[:-1]
-EOG_TEXTS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end|>", "</s>", "<reponame>")
 
 
 def options(group) -> None:
@@ -112,11 +111,7 @@ def _daemon_streamer(daemon, tokens: int):
     from sidecar.api import pb
 
     client = daemon.client(timeout_s=600)
-    eog = set()
-    for text in EOG_TEXTS:
-        ids = client.tokenize(text, add_special=False, parse_special=True)
-        if len(ids) == 1:
-            eog.add(ids[0])
+    eog = common.end_token_ids(client)
 
     def one(i: int, turn: int, arrived) -> None:
         messages = pb.ChatMessages(messages=[pb.ChatMessage(**m) for m in _npc_line(i, turn)])

@@ -20,7 +20,7 @@ import argparse
 import statistics
 import time
 
-from bench.common import percentile
+from bench.common import end_token_ids, percentile
 from bench.memory_facts import FACTS, small_talk
 
 ARGS = ("--ctx", "1024", "--stream-interval-ms", "0")
@@ -36,11 +36,12 @@ def options(group) -> None:
     group.add_argument("--turns", type=int, default=None, help="timed turns per side and size; default 30 (8 with --quick)")
 
 
-def _say(client, pb, sid: str, text: str, memory=None, system: str = "", max_tokens: int = REPLY_TOKENS):
+def _say(client, pb, sid: str, text: str, memory=None, system: str = "", max_tokens: int = REPLY_TOKENS,
+         banned: set[int] = frozenset()):
     messages = ([pb.ChatMessage(role="system", content=system)] if system else []) + [pb.ChatMessage(role="user", content=text)]
     return client.complete(pb.GenerateRequest(
         messages=pb.ChatMessages(messages=messages), max_tokens=max_tokens, session_id=sid, memory=memory,
-        sampling=pb.SamplingParams(temperature=0.0))).final
+        sampling=pb.SamplingParams(temperature=0.0, logit_bias={t: -100.0 for t in banned}))).final
 
 
 def _evening(client, pb, small: int) -> dict:
@@ -107,27 +108,34 @@ def _cost(client, pb, sizes: list[int], turns: int) -> dict:
     return results
 
 
-def _crowd(daemon, pb, npcs: int, turns: int, memory: bool, round_: int) -> float:
-    """Aggregate tokens/s of `npcs` sessions talking at once, each reading a scope of 1,000."""
+def _crowd(daemon, pb, npcs: int, turns: int, memory: bool, round_: int, banned: set[int] = frozenset()) -> dict:
+    """Aggregate tokens/s of `npcs` sessions talking at once, each reading a scope of 1,000, and
+    per turn the prompt tokens computed (not cached) and the reply's tokens. `banned`: end tokens
+    banned, so every reply runs its CROWD_REPLY_TOKENS on both sides (the model ends its replies
+    where it likes, and the memories before them change where)."""
     import threading
 
     tokens = [0] * npcs
+    computed: list[int] = []
+    session = f"{memory}-{round_}-{bool(banned)}"
 
     def npc(i: int) -> None:
         with daemon.client(timeout_s=600) as c:
             options = pb.MemoryOptions(read_scopes=["crowd"]) if memory else pb.MemoryOptions(off=True)
             for t in range(turns):
-                final = _say(c, pb, f"npc{i}-{memory}-{round_}", FACTS[(i + t) % len(FACTS)].asked, options,
-                             SYSTEM if t == 0 else "", max_tokens=CROWD_REPLY_TOKENS)
+                final = _say(c, pb, f"npc{i}-{session}", FACTS[(i + t) % len(FACTS)].asked, options,
+                             SYSTEM if t == 0 else "", max_tokens=CROWD_REPLY_TOKENS, banned=banned)
                 tokens[i] += final.usage.completion_tokens
-            c.end_session(f"npc{i}-{memory}-{round_}")
+                computed.append(final.usage.prompt_tokens - final.usage.cached_prompt_tokens)
+            c.end_session(f"npc{i}-{session}")
     started = time.perf_counter()
     threads = [threading.Thread(target=npc, args=(i,)) for i in range(npcs)]
     for th in threads:
         th.start()
     for th in threads:
         th.join()
-    return sum(tokens) / (time.perf_counter() - started)
+    return {"tokens_per_s": sum(tokens) / (time.perf_counter() - started),
+            "computed_prompt_tokens": statistics.mean(computed), "reply_tokens": sum(tokens) / len(computed)}
 
 
 def scenario(args: argparse.Namespace) -> dict:
@@ -151,12 +159,15 @@ def scenario(args: argparse.Namespace) -> dict:
                     _seed(client, "crowd", 1000)
                     client.remember([f.told for f in FACTS], scope="crowd")
                     npcs = 4 if args.quick else 16
-                    rates = {"off": [], "on": []}
-                    for r in range(2):  # alternating, so drift on a shared machine hits both
-                        rates["off"].append(_crowd(daemon, pb, npcs, 3, memory=False, round_=r))
-                        rates["on"].append(_crowd(daemon, pb, npcs, 3, memory=True, round_=r))
-                    out["crowd"] = {"npcs": npcs, "tokens_per_s_off": statistics.median(rates["off"]),
-                                    "tokens_per_s_on": statistics.median(rates["on"])}
+                    ends = end_token_ids(client)
+                    for key, banned in (("crowd", frozenset()), ("crowd_full_replies", ends)):
+                        runs: dict[str, list[dict]] = {"off": [], "on": []}
+                        for r in range(2):  # alternating, so drift on a shared machine hits both
+                            runs["off"].append(_crowd(daemon, pb, npcs, 3, memory=False, round_=r, banned=banned))
+                            runs["on"].append(_crowd(daemon, pb, npcs, 3, memory=True, round_=r, banned=banned))
+                        out[key] = {"npcs": npcs, **{
+                            f"{figure}_{side}": statistics.median(run[figure] for run in runs[side])
+                            for side in runs for figure in ("tokens_per_s", "computed_prompt_tokens", "reply_tokens")}}
         finally:
             stop_daemon(daemon)
     _print(out)
@@ -174,7 +185,11 @@ def _print(out: dict) -> None:
         print(f"  {size:8}  {c['recall_ms_p50']:6.1f}/{c['recall_ms_p99']:6.1f}   {c['ttft_on_p50']:7.1f}/{c['ttft_on_p99']:7.1f}"
               f"   {c['ttft_off_p50']:7.1f}/{c['ttft_off_p99']:7.1f}   {c['added_prompt_tokens_p50']:8.0f}/{c['added_prompt_tokens_max']:<6.0f}"
               f"     {c['store_bytes'] / 2**20:7.1f}  {c['model_bytes'] / 2**20:7.1f}  {c['resident_bytes'] / 2**20:6.0f}")
-    if "crowd" in out:
-        c = out["crowd"]
-        print(f"{c['npcs']} NPCs at once, 3 turns each, reading a scope of 1,000: {c['tokens_per_s_on']:.1f} tokens/s with "
-              f"memory, {c['tokens_per_s_off']:.1f} without: {c['tokens_per_s_on'] / c['tokens_per_s_off']:.2f}x")
+    for key, replies in (("crowd", "replies ended by the model"), ("crowd_full_replies", f"every reply {CROWD_REPLY_TOKENS} tokens")):
+        if key in out:
+            c = out[key]
+            print(f"{c['npcs']} NPCs at once, 3 turns each, reading a scope of 1,000, {replies}: "
+                  f"{c['tokens_per_s_on']:.1f} tokens/s with memory, {c['tokens_per_s_off']:.1f} without: "
+                  f"{c['tokens_per_s_on'] / c['tokens_per_s_off']:.2f}x; a turn computed {c['computed_prompt_tokens_on']:.1f} "
+                  f"prompt tokens against {c['computed_prompt_tokens_off']:.1f} and wrote {c['reply_tokens_on']:.1f} "
+                  f"against {c['reply_tokens_off']:.1f}")
