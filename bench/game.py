@@ -266,11 +266,17 @@ def scenario(args: argparse.Namespace) -> dict:
     return results
 
 
+def _first_tokens(f: dict) -> str:
+    if "npc_errors" not in f:  # the game alone
+        return "no NPCs"
+    if not f.get("ttft_requests"):
+        return "NPC first token: no reply started in the side"
+    return f"NPC first token p50 {f['ttft_p50_ms']:.0f} p99 {f['ttft_p99_ms']:.0f} ms ({f['ttft_requests']} replies)"
+
+
 def _line(f: dict) -> str:
     return (f"p50 {f['p50']:.1f} p99 {f['p99']:.1f} p99.9 {f['p999']:.1f} ms, late {f['late_pct']:.2f}%, "
-            f"hitches {f['hitch_pct']:.2f}%, {f['tokens_per_s']:.1f} tok/s, "
-            + (f"NPC first token p50 {f['ttft_p50_ms']:.0f} p99 {f['ttft_p99_ms']:.0f} ms ({f['ttft_requests']} replies)"
-               if f.get("ttft_requests") else "NPC first token: no reply started in the side" if "npc_errors" in f else "no NPCs")
+            f"hitches {f['hitch_pct']:.2f}%, {f['tokens_per_s']:.1f} tok/s, {_first_tokens(f)}"
             + (f" | guard: {f['guard']['threads'] or 'plan'} threads, {f['guard']['source']}" if "guard" in f else ""))
 
 
