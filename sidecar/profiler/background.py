@@ -19,7 +19,6 @@ machine is quiet, and the improved profile is saved and handed over again.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -31,11 +30,12 @@ import structlog
 from sidecar.profiler.database import KernelEntry, ProfileDB, save_profile
 from sidecar.profiler.environment import BURST_CORES, BurstWatch, LoadHistory, threads_that_fit
 from sidecar.profiler.hardware import HardwareInfo
-from sidecar.profiler.kernels import ProbeInterrupted, interruptible
+from sidecar.profiler.kernels import ProbeInterrupted
 from sidecar.profiler.llama_runtime import quiet_llama_logs_on_this_thread
 from sidecar.profiler.machine_load import others_busy_now
 from sidecar.profiler.plan import ProfilePlan
 from sidecar.profiler.quality import step_disturbed
+from sidecar.profiler.slice_thread import lower_this_thread_priority, run_slice
 from sidecar.profiler.steps import (
     ScratchDir,
     StepResult,
@@ -104,15 +104,6 @@ class EngineActivity:
         return time.monotonic() - self._last_change
 
 
-def _lower_this_thread_priority() -> None:
-    # Linux schedules threads as tasks: this thread, and the ggml worker threads it starts (they
-    # inherit it), run at nice 19, so the engine's threads take the cores whenever they want them.
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-    except (AttributeError, OSError):  # not Linux: slices still stop when the engine works
-        pass
-
-
 class BackgroundProfiler:
     """One background measurement of `plan`, saved to `path` when complete."""
 
@@ -156,7 +147,7 @@ class BackgroundProfiler:
     # -- the thread -----------------------------------------------------------------------------
 
     def _run(self) -> None:
-        _lower_this_thread_priority()
+        lower_this_thread_priority()
         scratch = ScratchDir()
         try:
             with quiet_llama_logs_on_this_thread():
@@ -209,8 +200,8 @@ class BackgroundProfiler:
             allowed = level + BURST_CORES
             watch = BurstWatch(logical, allowed) if bursts < MAX_BURST_RETRIES else None
             try:
-                with interruptible(lambda: self._stop.is_set() or self.activity.busy() or (watch is not None and watch())):
-                    taken = measure_step(steps[i], sliced, entries)
+                taken = run_slice(lambda: measure_step(steps[i], sliced, entries),
+                                  lambda: self._stop.is_set() or self.activity.busy() or (watch is not None and watch()))
             except ProbeInterrupted:
                 self.discarded += 1
                 if watch is not None and watch.burst:

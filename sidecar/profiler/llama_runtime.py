@@ -50,11 +50,28 @@ def quiet_llama_logs() -> Iterator[list[str]]:
         llama_cpp.llama_log_set(previous_cb, previous_ud)
 
 
+# Threads whose llama.cpp lines quiet_llama_logs_on_this_thread keeps out of the engine's log, as
+# well as the thread that installed it (the background profile's slices each run on a thread of
+# their own: see sidecar.profiler.slice_thread).
+_quieted = threading.local()
+
+
+@contextmanager
+def quiet_llama_logs_here() -> Iterator[None]:
+    """On this thread, the lines quiet_llama_logs_on_this_thread (installed by another) keeps back."""
+    _quieted.on = True
+    try:
+        yield
+    finally:
+        _quieted.on = False
+
+
 @contextmanager
 def quiet_llama_logs_on_this_thread() -> Iterator[list[str]]:
-    """Like quiet_llama_logs, but only for lines logged from the calling thread: the daemon's
-    background profile loads probe models beside the engine, whose own lines (and the captures
-    it reads buffer sizes from) must keep reaching its callback."""
+    """Like quiet_llama_logs, but only for lines logged from the calling thread (and from threads
+    inside quiet_llama_logs_here): the daemon's background profile loads probe models beside the
+    engine, whose own lines (and the captures it reads buffer sizes from) must keep reaching its
+    callback."""
     import llama_cpp
 
     errors: list[str] = []
@@ -64,7 +81,7 @@ def quiet_llama_logs_on_this_thread() -> Iterator[list[str]]:
     llama_cpp.llama_log_get(ctypes.byref(previous_cb), ctypes.byref(previous_ud))
 
     def route(level: int, text: bytes, user: ctypes.c_void_p) -> None:
-        if threading.get_ident() != me:
+        if threading.get_ident() != me and not getattr(_quieted, "on", False):
             if previous_cb:
                 previous_cb(level, text, user)
             return

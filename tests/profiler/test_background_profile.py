@@ -107,3 +107,57 @@ def test_without_a_profile_the_daemon_starts_on_defaults_and_re_plans_when_measu
         assert Path(saved["path"]).is_file() and Path(saved["path"]).is_relative_to(tmp_path)
     finally:
         stop_daemon(daemon)
+
+
+class _IdleEngine:
+    """EngineActivity's view of an engine that has had nothing to do for a long time (no engine
+    is loaded: this test is about the profiler's own threads)."""
+
+    def busy(self) -> bool:
+        return False
+
+    def idle_for(self) -> float:
+        return 1e9
+
+
+def test_probe_decodes_run_on_threads_that_end_with_their_slice(tmp_path: Path, monkeypatch) -> None:
+    # A thread that ran a multi-threaded llama_decode keeps an OpenMP team until it exits, and
+    # while it lives libgomp stops spinning between the engine's passes (sidecar.profiler.
+    # slice_thread): so no probe decode may run on the profiler's own long-lived thread, and none
+    # on a thread still alive once its slice has returned.
+    from sidecar.profiler import kernels
+
+    decoding: list[threading.Thread] = []
+    alive_between_slices: list[str] = []
+    real = kernels.ProbeSession.decode_seconds
+
+    def recorded(self, n_tokens: int) -> float:
+        me = threading.current_thread()
+        if me not in decoding:
+            decoding.append(me)
+        return real(self, n_tokens)
+
+    monkeypatch.setattr(kernels.ProbeSession, "decode_seconds", recorded)
+
+    def on_progress(done: int, total: int, step: str, discarded: int) -> None:
+        # Called on the profiler's thread between slices: every earlier slice's thread is gone.
+        alive_between_slices.extend(t.name for t in decoding if t.is_alive())
+
+    landed: list[object] = []
+    profiler = BackgroundProfiler(
+        tiny_plan(), discover_hardware(), tmp_path / "profile.json", _IdleEngine(),  # type: ignore[arg-type]
+        on_progress, landed.append, cache_dir=tmp_path / "probes",
+    ).start()
+    try:
+        deadline = time.monotonic() + 240
+        while not landed and time.monotonic() < deadline and profiler.error is None:
+            time.sleep(0.1)
+    finally:
+        profiler.stop()
+    assert profiler.error is None, profiler.error
+    assert landed, "the background profile never landed"
+    assert len(decoding) >= 2, "the profile's steps did not each run on a thread of their own"
+    assert profiler._thread not in decoding
+    assert not alive_between_slices, alive_between_slices
+    assert not any(t.is_alive() for t in decoding)
+    assert load_profile(tmp_path / "profile.json").entries
