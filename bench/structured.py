@@ -49,6 +49,9 @@ CASES = {
                                          "gold": INT, "hostile": {"type": "boolean"}, "line": TEXT},
         "required": ["mood", "trust", "quest", "gold", "hostile", "line"]}),
 }
+# The daemon's default penalties, sent to every side: llama-server's own default is no penalty,
+# and the replies would differ by more than the decoding.
+SAMPLING = {"repeat_penalty": 1.1, "repeat_last_n": 64}
 SYSTEM = "You are Brann, the blacksmith of Oakvale. Answer only with the JSON asked for."
 
 
@@ -58,7 +61,7 @@ def options(group: argparse._ArgumentGroup) -> None:
 
 def _ask(http, base: str, headers: dict | None, prompt: str, grammar: str) -> dict:
     body = {"model": "npc", "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": prompt}],
-            "max_tokens": MAX_TOKENS, "temperature": 0.0, "grammar": grammar}
+            "max_tokens": MAX_TOKENS, "temperature": 0.0, "grammar": grammar, **SAMPLING}
     started = time.perf_counter()
     r = http.post(f"{base}/v1/chat/completions", json=body, headers=headers, timeout=600)
     r.raise_for_status()

@@ -20,7 +20,9 @@ split instead of the model's), and so can what the model writes next, conditione
 values it chooses are its own, and valid under the grammar either way. So under greedy sampling
 tests/engine/test_jump_forward.py compares the keys and structure with plain constrained decoding, not
 the values (they may differ: a name or a number the model writes after a
-differently split key).
+differently split key). Forced tokens enter the grammar but not the repetition penalties
+(SamplerChain.accept_forced), which plain constrained decoding counts: a penalty is for the model's
+own choices, and the split's `","` and `":"` repeat in every reply.
 """
 
 from __future__ import annotations

@@ -102,7 +102,7 @@ def _forced_after(engine: Engine, slot: Slot) -> tuple[list[int], bool]:
     for token in tokens:
         if not a.sampler.allows(token):  # the tokenizer's split is checked, token by token
             break
-        a.sampler.accept(token)
+        a.sampler.accept_forced(token)
         taken.append(token)
     a.sampler.charge_grammar_work(started)
     return taken, must_end and len(taken) == len(tokens)

@@ -224,6 +224,17 @@ class SamplerChain:
         llama_cpp.llama_sampler_accept(self.ptr, token)
         self.generated += 1
 
+    def accept_forced(self, token: int) -> None:
+        """Record `token` as the reply's next where the grammar forced it (jump_forward.py): the
+        grammar advances, the penalties do not count it. A penalty is there to keep the model from
+        repeating its own choices; forced text is no choice, and in the tokenizer's split its
+        structure (`","`, `":"`) repeats token for token, so counted it penalized the model's own
+        `","` that ends a value: under greedy at 1.1 a value ran on to its maxLength
+        ("wolves_in_the_forest_of_", 24 characters) where the model would have closed it."""
+        if self.grammar is not None:
+            llama_cpp.llama_sampler_accept(self.grammar, token)
+        self.generated += 1
+
     def close(self) -> None:
         if self.ptr:
             llama_cpp.llama_sampler_free(self.ptr)

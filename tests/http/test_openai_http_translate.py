@@ -49,6 +49,20 @@ def test_sampling_stop_and_max_tokens_map_onto_the_request() -> None:
     assert greedy.HasField("temperature") and greedy.temperature == 0.0 and not greedy.HasField("top_p")
 
 
+
+def test_llama_servers_sampling_fields_are_honoured() -> None:
+    # A client written for llama-server sends these; ignored, the reply would sample otherwise
+    # than asked (repeat_penalty 1.1 where it asked 1.0).
+    s = chat(top_k=12, min_p=0.2, repeat_penalty=1.0, repeat_last_n=32).request.sampling
+    assert (s.top_k, round(s.min_p, 3), s.repeat_penalty, s.repeat_last_n) == (12, 0.2, 1.0, 32)
+    assert chat(repeat_last_n=-1).request.sampling.repeat_last_n == convert.MAX_REPEAT_LAST_N
+    unset = chat().request.sampling
+    assert not any(unset.HasField(f) for f in ("top_k", "min_p", "repeat_penalty", "repeat_last_n"))
+    for bad in ({"repeat_penalty": 0.0}, {"repeat_penalty": 11.0}, {"repeat_last_n": -2}, {"top_k": -1},
+                {"min_p": 1.0}, {"repeat_penalty": "1.1"}):
+        with pytest.raises(ValueError):
+            chat(**bad)
+
 def test_response_formats_become_the_json_schema_of_the_grpc_path() -> None:
     assert json.loads(chat(response_format={"type": "json_object"}).request.json_schema) == {"type": "object"}
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}}

@@ -166,6 +166,14 @@ class _Sampling(_Body):
     stop: Stop = None
     frequency_penalty: Penalty | None = None
     presence_penalty: Penalty | None = None
+    # llama-server's sampling fields, honoured as it does (a client written for it sends them, and
+    # ignoring them would sample otherwise than asked): range-checked with the gRPC fields.
+    top_k: Annotated[int, Field(ge=0, le=1_000_000)] | None = None
+    min_p: Annotated[float, Field(ge=0.0, lt=1.0)] | None = None
+    repeat_penalty: Annotated[float, Field(gt=0.0, le=10.0)] | None = Field(
+        None, description="penalty on tokens of the last repeat_last_n; 1 is off (the daemon's default 1.1)")
+    repeat_last_n: Annotated[int, Field(ge=-1, le=1 << 20)] | None = Field(
+        None, description="the penalties' window in tokens; -1 is the whole reply, 0 off (default 64)")
     logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = Field(
         None, description="token id (as a string) -> bias, -100 to 100; -100 bans the token (POST /tokenize finds ids)")
     n: Annotated[int, Field(ge=1, le=MAX_CANDIDATES)] | None = Field(

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from sidecar.api import pb
 from sidecar.backend.requests import DEFAULT_MAX_TOKENS, IMAGE_MARKER, refuse_image_marker
 from sidecar.errors import InvalidArgument
+from sidecar.service.convert import MAX_REPEAT_LAST_N
 from sidecar.service.openai_http import tools as tool_calls
 from sidecar.service.openai_http.request_models import (
     ChatCompletionRequest,
@@ -239,6 +240,14 @@ def _sampling(body: _Sampling) -> pb.SamplingParams:
         s.frequency_penalty = body.frequency_penalty
     if body.presence_penalty is not None:
         s.presence_penalty = body.presence_penalty
+    if body.top_k is not None:
+        s.top_k = body.top_k
+    if body.min_p is not None:
+        s.min_p = body.min_p
+    if body.repeat_penalty is not None:
+        s.repeat_penalty = body.repeat_penalty
+    if body.repeat_last_n is not None:
+        s.repeat_last_n = MAX_REPEAT_LAST_N if body.repeat_last_n == -1 else body.repeat_last_n
     for token, bias in _logit_bias(body).items():
         s.logit_bias[token] = bias
     return s
