@@ -234,18 +234,11 @@ def _sampling(body: _Sampling) -> pb.SamplingParams:
             s.temperature = 0.0  # only the most likely token is left: greedy
         else:
             s.top_p = body.top_p
-    if body.seed is not None:
-        s.seed = body.seed
-    if body.frequency_penalty is not None:
-        s.frequency_penalty = body.frequency_penalty
-    if body.presence_penalty is not None:
-        s.presence_penalty = body.presence_penalty
-    if body.top_k is not None:
-        s.top_k = body.top_k
-    if body.min_p is not None:
-        s.min_p = body.min_p
-    if body.repeat_penalty is not None:
-        s.repeat_penalty = body.repeat_penalty
+    # Copied as they are when set (range-checked by the request model and again by SamplingConfig).
+    for field in ("seed", "frequency_penalty", "presence_penalty", "top_k", "min_p", "repeat_penalty"):
+        value = getattr(body, field)
+        if value is not None:
+            setattr(s, field, value)
     if body.repeat_last_n is not None:
         s.repeat_last_n = MAX_REPEAT_LAST_N if body.repeat_last_n == -1 else body.repeat_last_n
     for token, bias in _logit_bias(body).items():
