@@ -219,10 +219,8 @@ class SamplerChain:
 
     def accept(self, token: int) -> None:
         """Record `token` as the reply's next: the grammar advances, the penalties count it."""
-        if self.grammar is not None:
-            llama_cpp.llama_sampler_accept(self.grammar, token)
+        self.accept_forced(token)
         llama_cpp.llama_sampler_accept(self.ptr, token)
-        self.generated += 1
 
     def accept_forced(self, token: int) -> None:
         """Record `token` as the reply's next where the grammar forced it (jump_forward.py): the

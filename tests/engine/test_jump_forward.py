@@ -147,15 +147,14 @@ def test_without_jump_forward_no_token_is_forced(engine: Engine) -> None:
     assert final.usage.forced_tokens == 0
 
 
-
 def test_forced_tokens_do_not_count_for_the_repeat_penalty(engine: Engine) -> None:
     """A penalty keeps the model from repeating its own choices; forced text is none. Six forced
-    " sword"s, then a free choice of " sword" (biased +20) or " shield" (+10), under a penalty of
+    " sword"s, then a free choice of " sword" (biased +40) or " shield" (+30), under a penalty of
     10: jumped, the six are not counted and " sword" keeps its lead; token by token each of them
     was sampled and counted, and the penalty divides " sword"'s logit by 10."""
     sword, shield = (engine.model.tokenize(w, add_bos=False, parse_special=False) for w in (" sword", " shield"))
     assert len(sword) == 1 and len(shield) == 1, (sword, shield)
-    penalized = SamplingConfig(temperature=0.0, repeat_penalty=10.0, logit_bias=((sword[0], 20.0), (shield[0], 10.0)))
+    penalized = SamplingConfig(temperature=0.0, repeat_penalty=10.0, logit_bias=((sword[0], 40.0), (shield[0], 30.0)))
     spec = ask("What do you sell?", grammar='root ::= "Take" " sword sword sword sword sword sword" (" sword" | " shield")',
                sampling=penalized)
     jumped, final = run(engine, spec)
@@ -163,6 +162,7 @@ def test_forced_tokens_do_not_count_for_the_repeat_penalty(engine: Engine) -> No
     assert jumped.endswith("sword sword sword sword sword sword sword"), jumped
     plain, _ = run(engine, spec, jump=False)
     assert plain.endswith("sword sword sword sword sword sword shield"), plain  # the penalty is real
+
 
 @pytest.mark.parametrize("sampling", [GREEDY, SamplingConfig(temperature=0.0)], ids=["greedy", "greedy, penalties"])
 def test_the_grammar_shortlist_chooses_as_the_whole_vocabulary_mask(engine: Engine, monkeypatch, sampling) -> None:

@@ -49,7 +49,6 @@ def test_sampling_stop_and_max_tokens_map_onto_the_request() -> None:
     assert greedy.HasField("temperature") and greedy.temperature == 0.0 and not greedy.HasField("top_p")
 
 
-
 def test_llama_servers_sampling_fields_are_honoured() -> None:
     # A client written for llama-server sends these; ignored, the reply would sample otherwise
     # than asked (repeat_penalty 1.1 where it asked 1.0).
@@ -62,6 +61,7 @@ def test_llama_servers_sampling_fields_are_honoured() -> None:
                 {"min_p": 1.0}, {"repeat_penalty": "1.1"}):
         with pytest.raises(ValueError):
             chat(**bad)
+
 
 def test_response_formats_become_the_json_schema_of_the_grpc_path() -> None:
     assert json.loads(chat(response_format={"type": "json_object"}).request.json_schema) == {"type": "object"}
