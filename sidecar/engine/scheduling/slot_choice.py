@@ -67,12 +67,21 @@ def session_mid_turn(job: Job, slots: list[Slot]) -> bool:
 
 
 def preference(slot: Slot, job: Job, prompt_tokens: PromptTokens) -> tuple:
-    """How well a free sequence suits a one-off request: the longest reusable prefix first; then
-    an empty sequence, the lowest id first so replies stay packed (see packing.py); then the
-    leftovers least recently used, as the least likely to be asked for again."""
+    """How well a free sequence suits a one-off request. First a sequence whose cache the prompt
+    repeats or continues (the longest such): nothing held there is lost. Then an empty one, the
+    lowest id first so replies stay packed (see packing.py). Last a sequence the prompt shares only
+    a beginning with, the longest share first, then the least recently used: taking it overwrites
+    a prompt another request may send again. Three one-off requests that shared a 28-token system
+    prompt used to take turns in one sequence, each one's 17 own tokens computed anew every time
+    (a tool call of 45 tokens: 230 ms against 188), while seven sequences stood empty. A long
+    shared beginning is not lost by going to an empty sequence: prefix sharing copies it from the
+    one that holds it (prefix_sharing.py)."""
     if not slot.cached:
-        return (0, 1, -slot.seq)
-    return (reusable_prefix(slot, job, prompt_tokens), 0, -slot.last_used)
+        return (1, 0, -slot.seq)
+    reuse = reusable_prefix(slot, job, prompt_tokens)
+    tokens = prompt_tokens(job) if reuse else None
+    whole = tokens is not None and (reuse >= len(tokens) - 1 or reuse >= len(slot.cached))
+    return (2 if whole else 0, reuse, -slot.last_used)
 
 
 def reusable_prefix(slot: Slot, job: Job, prompt_tokens: PromptTokens) -> int:
