@@ -22,11 +22,13 @@ def cancelled_before_start(job: Job) -> Finished:
 def finished(a: ActiveRequest, reason: FinishReason, ended: float) -> Finished:
     submitted = a.job.submitted_at
     prefill_s = (a.prefill_done_at or ended) - a.started_at
-    new_prompt = len(a.prompt_tokens) - a.cached_tokens
+    # An exact repeat finds part of its opening in the cache too: that is the reply's, not the prompt's.
+    cached = min(a.cached_tokens, a.prompt_length)
+    new_prompt = a.prompt_length - cached
     decode_s = ended - a.first_token_at if a.first_token_at is not None else 0.0
     return Finished(
         reason=reason,
-        usage=Usage(prompt_tokens=len(a.prompt_tokens), cached_prompt_tokens=a.cached_tokens, completion_tokens=a.generated,
+        usage=Usage(prompt_tokens=a.prompt_length, cached_prompt_tokens=cached, completion_tokens=a.generated,
                     forced_tokens=a.forced_tokens),
         timings=Timings(
             time_to_first_token_ms=((a.first_token_at or ended) - submitted) * 1000.0,

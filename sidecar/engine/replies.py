@@ -8,10 +8,11 @@ import time
 from typing import TYPE_CHECKING, Protocol
 
 from sidecar.backend.request_state import RequestState
-from sidecar.backend.requests import FinishReason, TextDelta
+from sidecar.backend.requests import FinishReason, GenerationSpec, TextDelta
 from sidecar.backend.text_stream import TextChunk
 from sidecar.engine.finish_report import finished
 from sidecar.engine.jump_forward import ForcedText
+from sidecar.engine.sampler_chain import SamplerChain
 from sidecar.engine.scheduling.slot import ActiveRequest, Slot
 from sidecar.engine.session_turn import remember_turn
 from sidecar.engine.token_logprobs import logprob_at, take
@@ -36,6 +37,12 @@ def sample_next(engine: Engine, slot: Slot, index: int, now: float) -> None:
     if a.prefill_done_at is None:
         a.prefill_done_at = now
         a.job.state = RequestState.DECODING
+    if a.first_token_at is None and a.opening:
+        # Sent before the first sample: a grammar with no token after them fails the request
+        # with its forced start streamed, as when each was a pass of its own.
+        a.first_token_at = time.perf_counter()
+        if _send_opening(engine, slot):
+            return
     try:
         token = a.sampler.sample(engine.ctx.ptr, index)
     except SidecarError as e:  # a grammar that left no token, or cost too much: this request only
@@ -64,8 +71,21 @@ def sample_next(engine: Engine, slot: Slot, index: int, now: float) -> None:
         finish(engine, slot, FinishReason.STOP)
 
 
-def _emit(engine: Engine, slot: Slot, token: int) -> bool:
-    """Send a token of the reply and queue it for the next pass; True when the reply ended."""
+def _send_opening(engine: Engine, slot: Slot) -> bool:
+    """Send the reply's opening (opening_tokens), which the pass fed with the prompt, before its
+    first sampled token; True when the reply ended inside it (a stop string)."""
+    a = slot.active
+    assert a is not None  # only a slot that serves a request samples, emits or ends
+    for token in a.prompt_tokens[a.prompt_length:]:
+        a.forced_tokens += 1
+        if _emit(engine, slot, token, in_cache=True):
+            return True
+    return False
+
+
+def _emit(engine: Engine, slot: Slot, token: int, *, in_cache: bool = False) -> bool:
+    """Send a token of the reply and queue it for the next pass (unless the cache holds it
+    already: the opening); True when the reply ended."""
     a = slot.active
     assert a is not None  # only a slot that serves a request samples, emits or ends
     a.generated += 1
@@ -81,31 +101,57 @@ def _emit(engine: Engine, slot: Slot, token: int) -> bool:
     elif len(slot.cached) + len(a.next_tokens) >= engine.ctx.ctx_per_seq:
         finish(engine, slot, FinishReason.CONTEXT_FULL)
     else:
-        a.next_tokens.append(token)
+        if not in_cache:
+            a.next_tokens.append(token)
         return False
     return True
 
 
 def _forced_after(engine: Engine, slot: Slot) -> tuple[list[int], bool]:
     """The tokens the request's grammar forces next, accepted by its sampler (jump_forward.py),
-    and whether the grammar must then end. None without a grammar, with --no-jump-forward,
-    and with logprobs (a forced token has no distribution of its own to report)."""
+    and whether the grammar must then end."""
     a = slot.active
     assert a is not None  # only a slot that serves a request samples, emits or ends
-    if a.sampler.grammar is None or not engine.config.jump_forward or a.job.spec.logprobs is not None:
+    started = time.thread_time()
+    tokens, must_end = _forced(engine, a.job.spec, a.sampler)
+    taken = _accepted(a.sampler, tokens)
+    a.sampler.charge_grammar_work(started)
+    return taken, must_end and len(taken) == len(tokens)
+
+
+def opening_tokens(engine: Engine, spec: GenerationSpec, sampler: SamplerChain) -> list[int]:
+    """What the grammar forces before the model's first choice (`{"name": "` of every tool
+    call), accepted by the sampler: fed with the prompt's last chunk, so the first pass samples
+    the first value instead of a `{` whose jump would cost a pass of its own. At most
+    max_tokens - 1, leaving the model its first token. [] for a grammar that forces the whole
+    reply: the first pass ends it, as before (sample_next)."""
+    started = time.thread_time()
+    tokens, must_end = _forced(engine, spec, sampler)
+    taken = [] if must_end else _accepted(sampler, tokens[: spec.max_tokens - 1])
+    sampler.charge_grammar_work(started)
+    return taken
+
+
+def _forced(engine: Engine, spec: GenerationSpec, sampler: SamplerChain) -> tuple[list[int], bool]:
+    """The tokens the grammar forces from the sampler's state (not accepted yet), and whether it
+    must then end. None without a grammar, with --no-jump-forward, and with logprobs (a forced
+    token has no distribution of its own to report)."""
+    if sampler.grammar is None or not engine.config.jump_forward or spec.logprobs is not None:
         return [], False
     if engine.forced_text is None or engine.forced_text.model is not engine.model:
         engine.forced_text = ForcedText(engine.model)
-    started = time.thread_time()
-    tokens, must_end = engine.forced_text.forced_tokens(a.sampler.grammar, a.sampler.refs)
+    return engine.forced_text.forced_tokens(sampler.grammar, sampler.refs)
+
+
+def _accepted(sampler: SamplerChain, tokens: list[int]) -> list[int]:
+    """The start of `tokens` the sampler's grammar takes, accepted by it as forced tokens."""
     taken: list[int] = []
     for token in tokens:
-        if not a.sampler.allows(token):  # the tokenizer's split is checked, token by token
+        if not sampler.allows(token):  # the tokenizer's split is checked, token by token
             break
-        a.sampler.accept_forced(token)
+        sampler.accept_forced(token)
         taken.append(token)
-    a.sampler.charge_grammar_work(started)
-    return taken, must_end and len(taken) == len(tokens)
+    return taken
 
 
 def _send(a: ActiveRequest, chunk: TextChunk) -> None:

@@ -18,6 +18,7 @@ from sidecar.engine.prompts.context_shift import shift_out_dropped
 from sidecar.engine.prompts.image_prompt import image_report, whole_images_prefix
 from sidecar.engine.prompts.prompt_build import BuiltPrompt
 from sidecar.engine.prompts.prompt_prep import Prebuilt
+from sidecar.engine.replies import opening_tokens
 from sidecar.engine.sampler_chain import SamplerChain
 from sidecar.engine.scheduling.resent_admission import check_not_ended
 from sidecar.engine.scheduling.slot import ActiveRequest, Slot
@@ -58,21 +59,19 @@ def start_request(engine: Engine, job: Job, slot: Slot) -> None:
         # BOS) is no prompt: an empty batch is llama_decode's -1, which reached the game as
         # INTERNAL (found by the transport fuzzer). Refused before anything changes.
         raise InvalidArgument("the prompt has no tokens: its text is only characters the model's tokenizer drops")
-    if slot.session_id != spec.session_id or not spec.session_id:
-        _bind(engine, slot, session)
-    if built.trim.dropped:
-        shift_out_dropped(engine.ctx, slot, built)
-    common = whole_images_prefix(common_prefix(slot.cached, tokens), spans)
-    if not engine.ctx.truncate(slot.seq, common):
-        engine.ctx.clear(slot.seq)
-        common = 0
-    del slot.cached[common:]
-    if not spans:
-        common = engine.sharing.reuse(engine.ctx, slot, tokens, common, job.share_cut or 0, engine.slots)
+    # Made before the sequence is touched: a grammar refused here changes nothing.
     sampler = SamplerChain(engine.model.vocab, engine.model.n_vocab, spec.sampling, spec.grammar)
+    try:
+        opening = opening_tokens(engine, spec, sampler)
+        fed = tokens + opening
+        common = _cache_for(engine, job, slot, session, built, fed)
+    except BaseException:
+        sampler.close()
+        raise
     slot.active = ActiveRequest(
         job=job,
-        prompt_tokens=tokens,
+        prompt_tokens=fed,
+        opening=len(opening),
         cached_tokens=common,
         sampler=sampler,
         stream=TextStream(spec.stop),
@@ -89,6 +88,25 @@ def start_request(engine: Engine, job: Job, slot: Slot) -> None:
         engine.sharing.produce(slot.active, tokens, job.share_cut or 0)
     if spec.asks_about_image:
         slot.active.image_report = image_report(new_image or images[-1], encoded_now=new_image is not None)
+
+
+def _cache_for(engine: Engine, job: Job, slot: Slot, session: Session | None, built: BuiltPrompt, fed: list[int]) -> int:
+    """Make `slot`'s sequence hold the start of `fed` (the prompt, then the reply's opening) that
+    it can: its session bound, dropped turns shifted out, the cache cut where it parts from `fed`,
+    a shared prefix copied in. The tokens it then holds."""
+    spans = cast("dict[int, EncodedImage]", built.spans)
+    if slot.session_id != job.spec.session_id or not job.spec.session_id:
+        _bind(engine, slot, session)
+    if built.trim.dropped:
+        shift_out_dropped(engine.ctx, slot, built)
+    common = whole_images_prefix(common_prefix(slot.cached, fed), spans)
+    if not engine.ctx.truncate(slot.seq, common):
+        engine.ctx.clear(slot.seq)
+        common = 0
+    del slot.cached[common:]
+    if not spans:
+        common = engine.sharing.reuse(engine.ctx, slot, fed, common, job.share_cut or 0, engine.slots)
+    return common
 
 
 def _encode_image(engine: Engine, job: Job, session: Session | None) -> EncodedImage | None:

@@ -203,9 +203,13 @@ class SamplerChain:
         return token
 
     def allows(self, token: int) -> bool:
-        """Whether the grammar accepts `token` next (always, without one)."""
+        """Whether the grammar accepts `token` next (always, without one) and no logit_bias bans
+        it: a forced token is the request's too, and a game that bans a token never gets it, jumped
+        or sampled (the sampler then says the grammar needs a banned token)."""
         if self.grammar is None:
             return True
+        if self._bias is not None and self._bias[token] == -np.inf:
+            return False
         self._one.fill_ids(np.array([token], dtype=np.int32))
         self._one.apply(self.grammar)
         return self._one.allowed_ids().size == 1 and not self.accept_throws(token)

@@ -24,7 +24,7 @@ def remember_turn(session: Session, a: ActiveRequest, reply: str, cached: list[i
     session.version += 1  # a decision taken against the old history is stale now
     if a.job.spec.prompt.is_chat:
         session.messages = a.conversation + [("assistant", reply)]
-        reply_tokens.remember(session.reply_tokens, reply, cached[len(a.prompt_tokens):],
+        reply_tokens.remember(session.reply_tokens, reply, cached[a.prompt_length:],
                               model.piece, model.tokenize, session.messages)
     else:
         session.text = a.prompt_text + reply

@@ -92,6 +92,17 @@ def test_a_banned_token_the_grammar_needs_ends_the_request(engine: Engine) -> No
     assert isinstance(neighbour.wait(), Finished)
 
 
+def test_a_banned_token_the_grammar_forces_later_is_never_jumped_over(engine: Engine) -> None:
+    """Jump-forward appends forced tokens without sampling them: a banned one among them was
+    written all the same. Now the jump stops before it, and the sampler says what is wrong."""
+    q = engine.call_model(lambda m: m.tokenize("Q", False, False)).result(60)
+    banned = SamplingConfig(temperature=0.0, logit_bias=((q[0], -100.0),))
+    bad = Outcome(engine, spec('root ::= "Well met" "Q"', 0.0, sampling=banned))
+    error = bad.wait()
+    assert isinstance(error, InvalidArgument) and "logit_bias" in str(error), error
+    assert "Q" not in "".join(d.text for d in bad.deltas)
+
+
 def test_a_grammar_whose_work_per_token_explodes_is_ended_not_run(engine: Engine) -> None:
     # A JSON-schema pattern's nested repetitions as the converter writes them: inside every written
     # bound, a second for the first token on this CPU and minutes for the next (issue 36, P2).

@@ -123,6 +123,32 @@ def test_sampled_replies_parse_and_fit_too(engine: Engine, seed: int) -> None:
     jsonschema.validate(json.loads(text), schema)
 
 
+
+def test_a_replys_forced_start_goes_in_with_its_prompt(engine: Engine, monkeypatch) -> None:
+    """`{"name":"give_item","arguments":{"item":"` is forced before the model's first choice: it
+    goes into the prompt's pass, not a pass of its own after a sampled `{`; it is the reply's (sent,
+    counted as completion and forced tokens), not the prompt's; and a repeat of the request finds
+    it in the cache with the prompt."""
+    passes: list[list] = []
+    decode = engine.ctx.decode
+    monkeypatch.setattr(engine.ctx, "decode", lambda entries: (passes.append(list(entries)), decode(entries))[1])
+    spec = ask("Hand the traveller the spare hammer.", grammar=json_schema_grammar(json.dumps(SCHEMAS["give_item"])))
+    text, final = run(engine, spec)
+    jsonschema.validate(json.loads(text), SCHEMAS["give_item"])
+    assert text.startswith('{"name":"give_item","arguments":{"item":'), text
+    computed = final.usage.prompt_tokens - final.usage.cached_prompt_tokens
+    opening = len(passes[0]) - computed
+    assert opening >= 5, (len(passes[0]), final.usage)  # the forced start, in some tokens, after the prompt
+    assert final.usage.forced_tokens >= opening
+    passes.clear()
+    again_text, again = run(engine, spec)
+    assert again.usage.cached_prompt_tokens == again.usage.prompt_tokens  # capped: the cached opening is the reply's
+    assert len(passes[0]) == 1 and again_text.startswith('{"name":"give_item"')  # the last forced token, for its logits
+    passes.clear()
+    _, plain = run(engine, spec, jump=False)
+    assert plain.usage.prompt_tokens == final.usage.prompt_tokens  # the opening is not prompt
+    assert plain.usage.forced_tokens == 0 and len(passes[0]) <= computed  # token by token: the prompt alone
+
 def test_a_stop_string_or_the_length_inside_forced_text_ends_the_reply_there(engine: Engine) -> None:
     grammar = 'root ::= "Hello world, traveller, and welcome to the forge."'
     text, final = run(engine, ask("Hi", grammar=grammar, stop=("traveller",)))

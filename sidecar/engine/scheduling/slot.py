@@ -23,6 +23,8 @@ class ActiveRequest:
     """A request bound to a sequence: its prompt, how far prefill got, what it generated."""
 
     job: Job
+    # The prompt's tokens, then the reply's `opening`: what its grammar forces before the model's
+    # first choice, fed with the prompt's last chunk (jump_forward.py, opening_tokens).
     prompt_tokens: list[int]
     cached_tokens: int
     sampler: SamplerChain
@@ -36,6 +38,7 @@ class ActiveRequest:
     next_tokens: list[int] = field(default_factory=list)
     generated: int = 0
     forced_tokens: int = 0  # of `generated`, appended by jump-forward without a pass of their own
+    opening: int = 0  # tokens at the end of prompt_tokens that are the reply's, sent with its first sampled one
     reply: list[str] = field(default_factory=list)
     prefill_done_at: float | None = None
     first_token_at: float | None = None
@@ -65,6 +68,11 @@ class ActiveRequest:
         passes of their own): whether it is short enough to go whole beside the streams (step.py)."""
         images: int = sum(im.n_tokens for at, im in self.image_spans.items() if at >= self.cached_tokens)
         return len(self.prompt_tokens) - self.cached_tokens - images
+
+    @property
+    def prompt_length(self) -> int:
+        """The prompt's own tokens, the reply's opening left out."""
+        return len(self.prompt_tokens) - self.opening
 
 
 @dataclass
