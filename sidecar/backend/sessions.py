@@ -31,7 +31,7 @@ class Session:
     # Images of the conversation in the order their markers appear in `messages` (their
     # embeddings, so a dropped cache is rebuilt without running the encoder again).
     images: list = field(default_factory=list)
-    # Reply text -> the tokens it was generated as (reply_tokens.py).
+    # Reply text -> the tokens of each time it was said, oldest first (reply_tokens.py).
     reply_tokens: dict = field(default_factory=dict)
     # The conversation as its client sent it, with the replies, when its turns resend the whole
     # conversation (OpenAI clients): what resent_turns compares a resent turn with. `messages` is

@@ -101,7 +101,9 @@ def _record(session: Session) -> apb.SavedSession:
         text=session.text,
         has_sent=session.sent is not None,
         sent=[apb.SavedMessage(role=r, content=c) for r, c in session.sent or ()],
-        replies=[apb.SavedReply(text=t, tokens=list(tokens)) for t, tokens in session.reply_tokens.items()],
+        # Each saying of a text in order; one that kept no tokens as none (reply_tokens.py).
+        replies=[apb.SavedReply(text=t, tokens=list(tokens or ())) for t, sayings in session.reply_tokens.items()
+                 for tokens in sayings],
         tokens=session.tokens,
         last_used_unix_ms=int(session.last_used * 1000),
     )
@@ -143,7 +145,10 @@ def import_on_engine(engine, archive: apb.SessionArchive, ours: apb.KvFingerprin
             sent=[(m.role, m.content) for m in saved.sent] if saved.has_sent else None,
         )
         if same_model:  # the tokens a reply was generated as: valid for the same vocabulary
-            session.reply_tokens = {r.text: array("i", _in_vocab(saved.session_id, r.tokens, n_vocab)) for r in saved.replies}
+            session.reply_tokens = {}
+            for r in saved.replies:  # a text's sayings in order (a save from before: one each)
+                tokens = array("i", _in_vocab(saved.session_id, r.tokens, n_vocab)) if r.tokens else None
+                session.reply_tokens.setdefault(r.text, []).append(tokens)
             _check_replies(engine, saved.session_id, session.reply_tokens)
         if saved.HasField("kv") and why_not is None:
             session.saved_state = bytes(saved.kv.state)
@@ -180,10 +185,10 @@ def _in_vocab(sid: str, tokens, n_vocab: int) -> list[int]:
     return tokens
 
 
-def _check_replies(engine, sid: str, replies: dict[str, array]) -> None:
+def _check_replies(engine, sid: str, replies: dict[str, list]) -> None:
     # A remembered reply is fed as its tokens in place of its text (reply_tokens.py): they must
     # spell it, or the model would read something the conversation does not say.
-    for text, tokens in replies.items():
+    for text, tokens in ((t, a) for t, sayings in replies.items() for a in sayings if a is not None):
         spelled = b"".join(engine.model.piece(t) for t in tokens)
         if spelled != text.encode("utf-8"):
             raise InvalidArgument(f"session {sid!r} of the save remembers tokens for a reply that do not spell it")

@@ -66,12 +66,12 @@ def build_prompt(model, spec: GenerationSpec, session: Session | None, images: l
     if not p.is_chat:
         return _raw(model, spec, session, images, max_prompt_tokens, n_ctx)
     history = list(session.messages) if session is not None else []
-    tokenize = reply_tokens.tokenizer(model.tokenize, session.reply_tokens if session is not None else None)
+    replies = session.reply_tokens if session is not None else None
     # The shared world context and the tools open a fresh conversation's system message
     # (prompt_layout); on later turns the history holds them.
     conversation = history + new_turn(p, history)
     segments = render_segments(model.render_chat, conversation)
-    tok = tokenize_segments(tokenize, segments, images)
+    tok = tokenize_segments(reply_tokens.tokenizer(model.tokenize, replies, conversation), segments, images)
     if session is None:
         _check_request(len(tok.tokens), max_prompt_tokens)
         return BuiltPrompt(conversation, segments_text(segments), tok.tokens, tok.spans,
@@ -91,7 +91,7 @@ def build_prompt(model, spec: GenerationSpec, session: Session | None, images: l
         trimmed = conversation[:trim.start] + conversation[trim.stop:]
         kept_images = list(images)[images_dropped:]
         segments = render_segments(model.render_chat, trimmed)
-        tok = tokenize_segments(tokenize, segments, kept_images)
+        tok = tokenize_segments(reply_tokens.tokenizer(model.tokenize, replies, trimmed), segments, kept_images)
         if len(tok.tokens) <= room:
             break
         if trim.stop >= first_new:
