@@ -23,6 +23,8 @@ import contextlib
 import os
 import shlex
 import statistics
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -153,8 +155,15 @@ def single(args: argparse.Namespace) -> dict:
     # Without a stored profile, off: a daemon measuring one in the background does so while the
     # other sides run, and each daemon's profiler is then a load beside the other's replies.
     profile = profile_flags() or ["--profile", "off"]
-    daemons = {DAEMON: start_daemon("--model", str(model), *profile),
-               DAEMON_NO_GUARD: start_daemon("--model", str(model), "--no-frame-guard", *profile)}
+    # The daemons' game is an idle stand-in, not this process: the frame guard treats its game's
+    # busy threads as a game's, which need whole cores, and this process runs the Llama() sides
+    # between the daemon's runs. Seen as the game, its Llama() threads took a thread from the next
+    # daemon run now and then (1 of 3 repeats at 130-152 against 207-210 tokens/s, 2026-12-08).
+    # As another process, theirs is a load that waits for the replies, which the guard leaves be.
+    stand_in = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(86400)"])
+    game = ["--parent-pid", str(stand_in.pid)]
+    daemons = {DAEMON: start_daemon("--model", str(model), *profile, *game),
+               DAEMON_NO_GUARD: start_daemon("--model", str(model), "--no-frame-guard", *profile, *game)}
     try:
         with daemons[DAEMON].client(timeout_s=600) as c, daemons[DAEMON_NO_GUARD].client(timeout_s=600) as c_off:
             clients = {DAEMON: c, DAEMON_NO_GUARD: c_off}
@@ -184,6 +193,7 @@ def single(args: argparse.Namespace) -> dict:
     finally:
         for daemon in daemons.values():
             stop_daemon(daemon)
+        stand_in.kill()
         llms.clear()
     rows = {name: [r[0] for r in pairs] for name, pairs in runs.items()}
     ttft = {name: [r[1] for r in pairs] for name, pairs in runs.items()}
