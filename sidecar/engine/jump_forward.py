@@ -23,6 +23,12 @@ the values (they may differ: a name or a number the model writes after a
 differently split key). Forced tokens enter the grammar but not the repetition penalties
 (SamplerChain.accept_forced), which plain constrained decoding counts: a penalty is for the model's
 own choices, and the split's `","` and `":"` repeat in every reply.
+
+Where the jumps happen: after each sampled token (replies.sample_next), and once before the first
+(replies.opening_tokens): what the grammar forces before the model has chosen anything (`{"name":"`
+of every tool call) is fed after the prompt in its last chunk, so the first pass samples the first
+value. A jump stops before a token the request's logit_bias bans (SamplerChain.allows): the
+sampler then says the grammar needs a banned token, as it does token by token.
 """
 
 from __future__ import annotations

@@ -176,3 +176,24 @@ def test_another_kv_type_rebuilds_from_text(saved, smollm2_path) -> None:
         assert next_prompt(e, saved["following"]) == saved["prompt"]
     finally:
         e.close()
+
+
+def test_each_saying_of_a_reply_travels_in_order(smollm2_path) -> None:
+    """A text said more than once keeps each saying's tokens, None where a saying kept none
+    (reply_tokens.py): a save holds each as an entry of its own, in order, and an import gives
+    back the same list."""
+    a, b = Engine(config(smollm2_path)), Engine(config(smollm2_path))
+    try:
+        sampling = engine_sampling(GREEDY, engine_eog_ids(a))
+        run(a, turn(sampling, "guard", "Halt! Who goes there?"))
+        session = a.sessions.get("guard")
+        text = session.messages[-1][1]
+        kept = session.reply_tokens[text]
+        assert text and len(kept) == 1 and kept[0] is not None
+        session.reply_tokens[text] = [None, kept[0], kept[0]]
+        blob, _ = export(a, ["guard"], False)
+        import_(b, blob)
+        assert b.sessions.get("guard").reply_tokens == {text: [None, kept[0], kept[0]]}
+    finally:
+        a.close()
+        b.close()
