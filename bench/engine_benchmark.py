@@ -120,6 +120,24 @@ DAEMON = "daemon (its own choice)"
 DAEMON_NO_GUARD = "daemon, --no-frame-guard"
 
 
+class StandInGame:
+    """An idle process the benchmark's daemons take as their game (`--parent-pid`), so that the
+    frame guard does not take this process for one. The guard counts its game's busy threads at
+    once (a game thread needs its core when it runs), and this process is busy between the
+    daemon's runs: single runs the Llama() sides in it, batch reads the peers' streams. Seen as
+    the game, it took a thread from the next daemon run now and then (2026-12-08: 1 of 3 single
+    repeats at 130-152 against 207-210 tokens/s; a whole batch repeat at one thread). As another
+    process, its load waits for the replies, which the guard leaves be."""
+
+    def __init__(self) -> None:
+        self.process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(86400)"])
+        self.flags = ["--parent-pid", str(self.process.pid)]
+
+    def stop(self) -> None:
+        self.process.kill()
+        self.process.wait()
+
+
 def thread_choices() -> list[int]:
     """Thread counts a person tuning by hand would try: one, one per physical core, one per
     hardware thread."""
@@ -155,15 +173,10 @@ def single(args: argparse.Namespace) -> dict:
     # Without a stored profile, off: a daemon measuring one in the background does so while the
     # other sides run, and each daemon's profiler is then a load beside the other's replies.
     profile = profile_flags() or ["--profile", "off"]
-    # The daemons' game is an idle stand-in, not this process: the frame guard treats its game's
-    # busy threads as a game's, which need whole cores, and this process runs the Llama() sides
-    # between the daemon's runs. Seen as the game, its Llama() threads took a thread from the next
-    # daemon run now and then (1 of 3 repeats at 130-152 against 207-210 tokens/s, 2026-12-08).
-    # As another process, theirs is a load that waits for the replies, which the guard leaves be.
-    stand_in = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(86400)"])
-    game = ["--parent-pid", str(stand_in.pid)]
-    daemons = {DAEMON: start_daemon("--model", str(model), *profile, *game),
-               DAEMON_NO_GUARD: start_daemon("--model", str(model), "--no-frame-guard", *profile, *game)}
+    # This process runs the Llama() sides between the daemon's runs (StandInGame).
+    game = StandInGame()
+    daemons = {DAEMON: start_daemon("--model", str(model), *profile, *game.flags),
+               DAEMON_NO_GUARD: start_daemon("--model", str(model), "--no-frame-guard", *profile, *game.flags)}
     try:
         with daemons[DAEMON].client(timeout_s=600) as c, daemons[DAEMON_NO_GUARD].client(timeout_s=600) as c_off:
             clients = {DAEMON: c, DAEMON_NO_GUARD: c_off}
@@ -193,7 +206,7 @@ def single(args: argparse.Namespace) -> dict:
     finally:
         for daemon in daemons.values():
             stop_daemon(daemon)
-        stand_in.kill()
+        game.stop()
         llms.clear()
     rows = {name: [r[0] for r in pairs] for name, pairs in runs.items()}
     ttft = {name: [r[1] for r in pairs] for name, pairs in runs.items()}
@@ -352,7 +365,10 @@ def batch(args: argparse.Namespace) -> dict:
         import httpx
 
         http = stack.enter_context(httpx.Client(limits=httpx.Limits(max_connections=max(streams) * 2)))
-        daemon = start_daemon("--model", str(model), "--parallel", str(max(streams)), "--ctx", str(BATCH_CTX), *profile_flags())
+        game = StandInGame()
+        stack.callback(game.stop)
+        daemon = start_daemon("--model", str(model), "--parallel", str(max(streams)), "--ctx", str(BATCH_CTX),
+                              *profile_flags(), *game.flags)
         stack.callback(stop_daemon, daemon)
         print(f"   daemon profile: {next((e.get('profile') for e in daemon.log_lines if e.get('event') == 'ready'), None)}")
         client = stack.enter_context(daemon.client(timeout_s=600))
@@ -366,7 +382,7 @@ def batch(args: argparse.Namespace) -> dict:
         senders[DAEMON_HTTP] = {n: _http_sender(daemon_http, http) for n in streams}
         if args.daemon_variant:
             variant = start_daemon("--model", str(model), "--parallel", str(max(streams)), "--ctx", str(BATCH_CTX),
-                                   *profile_flags(), *shlex.split(args.daemon_variant))
+                                   *profile_flags(), *game.flags, *shlex.split(args.daemon_variant))
             stack.callback(stop_daemon, variant)
             variant_client = stack.enter_context(variant.client(timeout_s=600))
             senders[f"daemon {args.daemon_variant}"] = {n: (lambda q, k: _daemon_stream(variant_client, q, k)) for n in streams}
