@@ -1,4 +1,4 @@
-"""The HTTP API's connections send without Nagle's delay (server.py, _send_without_delay).
+"""The HTTP API's connections send without Nagle's delay (server.py, _listening_socket).
 
 The daemon binds its HTTP socket itself, and asyncio turns TCP_NODELAY on only for sockets made
 with proto IPPROTO_TCP, which a hand-bound one is not: every reply on a kept-alive connection then

@@ -61,9 +61,11 @@ def remember(store: dict[str, Sayings], reply: str, generated: list[int], piece:
         tokens = array("i", list(generated) + (tokenize(rest, add_bos=False, parse_special=False) if rest else []))
     sayings = store.pop(reply, [])
     store[reply] = sayings + [tokens]  # re-inserted: the dict's order is the newest saying's
-    while sum(len(v) for v in store.values()) > MAX_REPLIES:
+    held = sum(map(len, store.values()))
+    while held > MAX_REPLIES:
         oldest = next(iter(store))
         del store[oldest][0]
+        held -= 1
         if not store[oldest]:
             del store[oldest]
 
